@@ -1,0 +1,99 @@
+//! The command line: one [`Cli`] with a subcommand per way of running nightshift. Every flag is
+//! also an environment variable. Components own their option groups; this module flattens them.
+
+use std::{process::ExitCode, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::{admin::AdminArgs, cluster, runtime::Context, telemetry::LogArgs};
+
+/// nightshift: lend idle LLM-inference GPUs to research jobs, take them back when inference
+/// needs them.
+#[derive(Debug, Parser)]
+#[command(name = "nightshift", version, about, long_about = None)]
+pub struct Cli {
+    #[command(flatten)]
+    pub log: LogArgs,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run every component: KEDA scaler, admission webhook and GPU-pool controller.
+    Run(RunArgs),
+}
+
+/// Options of `nightshift run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    #[command(flatten)]
+    pub shutdown: ShutdownArgs,
+}
+
+/// How long in-flight work may take to finish after SIGTERM.
+#[derive(Clone, Debug, Args)]
+pub struct ShutdownArgs {
+    /// Time given to in-flight requests after SIGTERM before the process exits (e.g. `20s`).
+    #[arg(long, env = "NIGHTSHIFT_DRAIN_TIMEOUT", default_value = "20s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+}
+
+/// Parses a human-friendly duration such as `500ms`, `30s`, `2m` or `1h 30m`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let signed: jiff::SignedDuration = s
+        .trim()
+        .parse()
+        .map_err(|e| format!("{s:?} is not a duration (try 500ms, 30s, 2m): {e}"))?;
+    Duration::try_from(signed).map_err(|_| format!("{s:?} must not be negative"))
+}
+
+impl Cli {
+    /// Runs the chosen subcommand and maps its outcome to the process exit code.
+    pub async fn run(self) -> ExitCode {
+        if let Err(e) = self.log.init() {
+            eprintln!("nightshift: {e}");
+            return ExitCode::FAILURE;
+        }
+        let outcome = match self.command {
+            Command::Run(args) => run_all(args).await,
+        };
+        match outcome {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!(error = format!("{e:#}"), "nightshift stopped with an error");
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+async fn run_all(args: RunArgs) -> anyhow::Result<()> {
+    let RunArgs { admin, shutdown } = args;
+    let ctx = Context::new(cluster::connect().await);
+    ctx.serve(admin.admin_addr, shutdown.drain_timeout).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_parse_in_friendly_units() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("-5s").is_err());
+    }
+}

@@ -1,0 +1,30 @@
+#![forbid(unsafe_code)]
+//! nightshift lends idle LLM-inference GPUs to research jobs and takes them back the moment
+//! inference needs them.
+//!
+//! The crate is laid out along the architecture:
+//!
+//! - [`scaler`]: the KEDA external scaler (gRPC) that turns vLLM metrics into demand.
+//! - [`sources`]: where vLLM metrics come from (Prometheus, direct scrape of vLLM pods).
+//! - [`webhook`]: the mutating admission webhook that marks research pods.
+//! - [`pool`]: spare-GPU accounting, spare marks on nodes, preemption tracking, status.
+//! - [`sim`]: the trace-driven simulator that estimates the GPU-hours freed.
+//! - [`admin`], [`telemetry`], [`runtime`], [`cli`]: operations around them.
+//!
+//! Decision logic (demand, patches, accounting) is pure and lives apart from transport code.
+
+pub mod admin;
+pub mod cli;
+pub mod cluster;
+pub mod runtime;
+pub mod telemetry;
+
+/// Installs the process-wide rustls crypto provider (aws-lc-rs).
+///
+/// reqwest, tonic, kube and the webhook all use rustls; with more than one provider compiled in
+/// and none installed, rustls refuses to build a configuration at run time. Call this once at
+/// start-up, before any TLS client or server is built. Calling it again is harmless.
+pub fn install_crypto_provider() {
+    // An `Err` only means a provider is already installed, which is what we want.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+}

@@ -1,0 +1,65 @@
+//! Structured logging set-up. Owns the `tracing` subscriber; metrics live in [`crate::admin`].
+
+use clap::{Args, ValueEnum};
+use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+
+/// How log lines are written to stderr.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Plain,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// Logging options shared by every subcommand.
+#[derive(Clone, Debug, Args)]
+pub struct LogArgs {
+    /// Log line format.
+    #[arg(long, env = "NIGHTSHIFT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain, global = true)]
+    pub log_format: LogFormat,
+
+    /// Log filter in `tracing` EnvFilter syntax (e.g. `info,nightshift=debug`).
+    #[arg(long, env = "NIGHTSHIFT_LOG", default_value = "info", global = true)]
+    pub log: String,
+}
+
+/// Errors while setting up logging.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid log filter {filter:?}: {source}")]
+    Filter {
+        filter: String,
+        #[source]
+        source: tracing_subscriber::filter::ParseError,
+    },
+    #[error("a global tracing subscriber is already installed")]
+    AlreadyInstalled,
+}
+
+impl LogArgs {
+    /// Installs the global subscriber. Does not touch the process environment.
+    pub fn init(&self) -> Result<(), Error> {
+        let filter = EnvFilter::try_new(&self.log).map_err(|source| Error::Filter {
+            filter: self.log.clone(),
+            source,
+        })?;
+        let registry = tracing_subscriber::registry().with(filter);
+        let result = match self.log_format {
+            LogFormat::Plain => registry
+                .with(fmt::layer().with_writer(std::io::stderr))
+                .try_init(),
+            LogFormat::Json => registry
+                .with(
+                    fmt::layer()
+                        .json()
+                        .flatten_event(true)
+                        .with_current_span(true)
+                        .with_writer(std::io::stderr),
+                )
+                .try_init(),
+        };
+        result.map_err(|_| Error::AlreadyInstalled)
+    }
+}
