@@ -18,6 +18,7 @@ pub mod cli;
 pub mod cluster;
 pub mod runtime;
 pub mod telemetry;
+pub mod webhook;
 
 /// Installs the process-wide rustls crypto provider (aws-lc-rs).
 ///
