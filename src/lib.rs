@@ -19,6 +19,7 @@ pub mod cluster;
 pub mod runtime;
 pub mod scaler;
 pub mod telemetry;
+pub mod webhook;
 
 /// Installs the process-wide rustls crypto provider (aws-lc-rs).
 ///
