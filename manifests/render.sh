@@ -15,7 +15,7 @@ mkdir -p "$out"
 cd "$root"
 find manifests -name kustomization.yaml -printf '%h\n' | sort | while read -r dir; do
   if [ "$dir" = manifests/overlays/self-signed ] && [ ! -f "$dir/certs/tls.key" ]; then
-    echo "skip $dir (no certs; run nightshift certs generate --out $dir/certs)" >&2
+    echo "skip $dir (no certs; run nightshift certs generate --dir $dir/certs)" >&2
     continue
   fi
   "$kustomize" build "$dir" > "$out/${dir//\//_}.yaml"

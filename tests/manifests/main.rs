@@ -301,12 +301,53 @@ fn deployment_is_highly_available_and_locked_down() {
     assert_eq!(container_port(container, "grpc"), 6000);
     assert_eq!(container_port(container, "webhook"), 8443);
     assert_eq!(container_port(container, "admin"), 8080);
-    // Liveness over the scaler's gRPC health service, readiness over the webhook's HTTPS.
+    // Liveness over the scaler's gRPC health service, readiness over every component's /readyz.
     assert_eq!(container["livenessProbe"]["grpc"]["port"], 6000);
     let readiness = &container["readinessProbe"]["httpGet"];
-    assert_eq!(readiness["scheme"], "HTTPS");
-    assert_eq!(readiness["port"], "webhook");
+    assert_eq!(readiness["path"], "/readyz");
+    assert_eq!(readiness["port"], "admin");
     assert!(container["startupProbe"].is_object());
+
+    // nightshift's own exclusion list matches the webhook configuration's.
+    let env = |name: &str| {
+        container["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .find(|e| e["name"] == name)
+            .unwrap_or_else(|| panic!("no env {name}"))
+            .clone()
+    };
+    let excluded = env("NIGHTSHIFT_WEBHOOK_EXCLUDED_NAMESPACES");
+    let mut excluded: Vec<&str> = excluded["value"]
+        .as_str()
+        .expect("value")
+        .split(',')
+        .collect();
+    excluded.sort();
+    let mut system = SYSTEM_NAMESPACES.to_vec();
+    system.sort();
+    assert_eq!(excluded, system);
+    // The certificate files are where the TLS Secret is mounted.
+    let mount = container["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .find(|m| m["name"] == "webhook-tls")
+        .expect("webhook-tls mount")["mountPath"]
+        .as_str()
+        .expect("mountPath")
+        .to_string();
+    for (var, file) in [
+        ("NIGHTSHIFT_WEBHOOK_CERT", "tls.crt"),
+        ("NIGHTSHIFT_WEBHOOK_KEY", "tls.key"),
+    ] {
+        assert_eq!(env(var)["value"], format!("{mount}/{file}"));
+    }
+    assert_eq!(
+        env("NIGHTSHIFT_POOL_LEASE_NAMESPACE")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.namespace"
+    );
 
     let pdb = base.get("PodDisruptionBudget", "nightshift");
     assert_eq!(
@@ -372,7 +413,7 @@ fn rbac_reads_cluster_state_and_writes_only_node_labels_and_its_lease() {
         grants,
         [
             expect("", "namespaces", &["list", "watch"]),
-            expect("", "nodes", &["get", "list", "patch", "watch"]),
+            expect("", "nodes", &["list", "patch", "watch"]),
             expect("", "pods", &["list", "watch"]),
             expect("discovery.k8s.io", "endpointslices", &["list", "watch"]),
             expect("scheduling.k8s.io", "priorityclasses", &["list", "watch"]),
@@ -382,9 +423,12 @@ fn rbac_reads_cluster_state_and_writes_only_node_labels_and_its_lease() {
     let lease_role = base.get("Role", "nightshift-leader-election");
     assert_eq!(lease_role["metadata"]["namespace"], "nightshift-system");
     let rules = lease_role["rules"].as_array().expect("rules");
-    assert_eq!(rules.len(), 1);
-    assert_eq!(strings(&rules[0]["resources"]), ["leases"]);
-    assert_eq!(strings(&rules[0]["verbs"]), ["get", "create", "update"]);
+    assert_eq!(rules.len(), 2);
+    assert!(rules.iter().all(|r| strings(&r["resources"]) == ["leases"]));
+    assert_eq!(strings(&rules[0]["verbs"]), ["create"]);
+    assert_eq!(strings(&rules[1]["verbs"]), ["get", "update"]);
+    // The one Lease the pool controller uses (its --pool-lease-name default).
+    assert_eq!(strings(&rules[1]["resourceNames"]), ["nightshift-pool"]);
 
     for (kind, name) in [
         ("ClusterRoleBinding", "nightshift"),
