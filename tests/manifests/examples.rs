@@ -1,6 +1,8 @@
 //! The examples under `manifests/examples`: they render and agree with the base (names, ports,
 //! priority classes, labels) and with the behaviour they promise.
 
+use std::collections::BTreeMap;
+
 use serde_json::Value;
 
 use crate::render::{Rendered, Workspace};
@@ -318,6 +320,48 @@ fn monitoring_scrapes_the_admin_port_and_the_dashboard_charts_nightshift_metrics
         assert!(
             exprs.iter().any(|e| e.contains(metric)),
             "no panel charts {metric}"
+        );
+    }
+}
+
+/// What KEDA sends nightshift for every external trigger of every example ScaledObject: the
+/// ScaledObject's namespace and name, and the trigger's whole metadata map (KEDA passes its own
+/// keys such as `scalerAddress` and `enableTLS` along with nightshift's).
+pub fn example_scaler_requests(ws: &Workspace) -> Vec<(String, String, BTreeMap<String, String>)> {
+    let mut requests = Vec::new();
+    for example in ["vllm", "vllm-push", "vllm-prewarm", "vllm-tls"] {
+        let rendered = render(ws, example);
+        for so in rendered.all("ScaledObject") {
+            let trigger = scaler_trigger(so);
+            let metadata = trigger["metadata"]
+                .as_object()
+                .expect("metadata")
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().expect("string value").to_string()))
+                .collect();
+            requests.push((
+                so["metadata"]["namespace"]
+                    .as_str()
+                    .expect("namespace")
+                    .to_string(),
+                so["metadata"]["name"].as_str().expect("name").to_string(),
+                metadata,
+            ));
+        }
+    }
+    requests
+}
+
+#[test]
+fn every_example_trigger_names_the_scaler_and_a_target() {
+    let Some(ws) = Workspace::new() else { return };
+    let requests = example_scaler_requests(&ws);
+    assert_eq!(requests.len(), 4);
+    for (namespace, name, metadata) in &requests {
+        assert!(metadata.contains_key("scalerAddress"), "{namespace}/{name}");
+        assert!(
+            metadata.keys().any(|k| k.starts_with("target")),
+            "{namespace}/{name}: no per-replica target"
         );
     }
 }
