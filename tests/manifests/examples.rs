@@ -311,7 +311,7 @@ fn monitoring_scrapes_the_admin_port_and_the_dashboard_charts_nightshift_metrics
         .collect();
     assert!(!exprs.is_empty());
     for metric in [
-        "nightshift_scaler_demand",
+        "nightshift_scaler_demand_replicas",
         "nightshift_pool_gpus",
         "nightshift_pool_preemptions_total",
         "nightshift_pool_lent_gpu_seconds_total",
@@ -360,7 +360,7 @@ fn every_example_trigger_names_the_scaler_and_a_target() {
     for (namespace, name, metadata) in &requests {
         assert!(metadata.contains_key("scalerAddress"), "{namespace}/{name}");
         assert!(
-            metadata.keys().any(|k| k.starts_with("target")),
+            metadata.keys().any(|k| k.ends_with("Target")),
             "{namespace}/{name}: no per-replica target"
         );
     }
