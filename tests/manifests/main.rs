@@ -412,7 +412,7 @@ fn rbac_reads_cluster_state_and_writes_only_node_labels_and_its_lease() {
     assert_eq!(
         grants,
         [
-            expect("", "namespaces", &["list", "watch"]),
+            expect("", "namespaces", &["get", "list", "watch"]),
             expect("", "nodes", &["list", "patch", "watch"]),
             expect("", "pods", &["list", "watch"]),
             expect("discovery.k8s.io", "endpointslices", &["list", "watch"]),
