@@ -28,3 +28,4 @@ pub fn install_crypto_provider() {
     // An `Err` only means a provider is already installed, which is what we want.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 }
+pub mod sources;
