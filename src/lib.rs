@@ -17,6 +17,7 @@ pub mod admin;
 pub mod cli;
 pub mod cluster;
 pub mod runtime;
+pub mod scaler;
 pub mod telemetry;
 
 /// Installs the process-wide rustls crypto provider (aws-lc-rs).
