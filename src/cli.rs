@@ -5,7 +5,7 @@ use std::{process::ExitCode, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{admin::AdminArgs, cluster, runtime::Context, telemetry::LogArgs};
+use crate::{admin::AdminArgs, cluster, runtime::Context, scaler::ScalerArgs, telemetry::LogArgs};
 
 /// nightshift: lend idle LLM-inference GPUs to research jobs, take them back when inference
 /// needs them.
@@ -23,6 +23,21 @@ pub struct Cli {
 pub enum Command {
     /// Run every component: KEDA scaler, admission webhook and GPU-pool controller.
     Run(RunArgs),
+    /// Run only the KEDA external scaler (gRPC) and the admin server.
+    Scaler(ScalerOnlyArgs),
+}
+
+/// Options of `nightshift scaler`.
+#[derive(Debug, Args)]
+pub struct ScalerOnlyArgs {
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    #[command(flatten)]
+    pub shutdown: ShutdownArgs,
+
+    #[command(flatten)]
+    pub scaler: ScalerArgs,
 }
 
 /// Options of `nightshift run`.
@@ -33,6 +48,9 @@ pub struct RunArgs {
 
     #[command(flatten)]
     pub shutdown: ShutdownArgs,
+
+    #[command(flatten)]
+    pub scaler: ScalerArgs,
 }
 
 /// How long in-flight work may take to finish after SIGTERM.
@@ -61,6 +79,7 @@ impl Cli {
         }
         let outcome = match self.command {
             Command::Run(args) => run_all(args).await,
+            Command::Scaler(args) => run_scaler(args).await,
         };
         match outcome {
             Ok(()) => ExitCode::SUCCESS,
@@ -73,8 +92,24 @@ impl Cli {
 }
 
 async fn run_all(args: RunArgs) -> anyhow::Result<()> {
-    let RunArgs { admin, shutdown } = args;
-    let ctx = Context::new(cluster::connect().await);
+    let RunArgs {
+        admin,
+        shutdown,
+        scaler,
+    } = args;
+    let mut ctx = Context::new(cluster::connect().await);
+    crate::scaler::start(scaler, &mut ctx).await?;
+    ctx.serve(admin.admin_addr, shutdown.drain_timeout).await
+}
+
+async fn run_scaler(args: ScalerOnlyArgs) -> anyhow::Result<()> {
+    let ScalerOnlyArgs {
+        admin,
+        shutdown,
+        scaler,
+    } = args;
+    let mut ctx = Context::new(cluster::connect().await);
+    crate::scaler::start(scaler, &mut ctx).await?;
     ctx.serve(admin.admin_addr, shutdown.drain_timeout).await
 }
 

@@ -18,6 +18,7 @@ pub mod cli;
 pub mod cluster;
 pub mod runtime;
 pub mod scaler;
+pub mod sources;
 pub mod telemetry;
 
 /// Installs the process-wide rustls crypto provider (aws-lc-rs).
@@ -29,4 +30,3 @@ pub fn install_crypto_provider() {
     // An `Err` only means a provider is already installed, which is what we want.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 }
-pub mod sources;

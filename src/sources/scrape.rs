@@ -81,12 +81,15 @@ pub struct Snapshot {
     pub rates_warming_up: bool,
 }
 
+/// Token-counter histories per target, keyed by (pod address, model).
+type RateBook = Mutex<HashMap<Target, CounterRates<(String, String)>>>;
+
 /// Scrapes pods and remembers counter histories per target.
 pub struct ScrapeSource {
     http: reqwest::Client,
     discovery: Arc<Discovery>,
     cache: Coalescer<Target, Snapshot>,
-    rates: Arc<Mutex<HashMap<Target, CounterRates<(String, String)>>>>,
+    rates: Arc<RateBook>,
     epoch: Instant,
     metrics: SourceMetrics,
 }
@@ -151,7 +154,7 @@ async fn scrape_pass(
     http: &reqwest::Client,
     discovery: &Discovery,
     target: &Target,
-    rates: &Mutex<HashMap<Target, CounterRates<(String, String)>>>,
+    rates: &RateBook,
     window: f64,
     epoch: Instant,
     metrics: &SourceMetrics,
@@ -191,7 +194,7 @@ async fn scrape_pass(
 fn summarise(
     target: &Target,
     pods: &[(&Endpoint, PodReadings)],
-    rates: &Mutex<HashMap<Target, CounterRates<(String, String)>>>,
+    rates: &RateBook,
     window: f64,
     now: f64,
 ) -> Snapshot {
