@@ -4,3 +4,4 @@
 mod emulator;
 mod grpc;
 mod harness;
+mod real_prometheus;
