@@ -9,6 +9,7 @@ use crate::{
     admin::AdminArgs,
     cluster,
     runtime::Context,
+    scaler::{self, ScalerArgs},
     telemetry::LogArgs,
     webhook::{self, WebhookArgs, certs},
 };
@@ -29,11 +30,26 @@ pub struct Cli {
 pub enum Command {
     /// Run every component: KEDA scaler, admission webhook and GPU-pool controller.
     Run(RunArgs),
+    /// Run only the KEDA external scaler (gRPC) and the admin server.
+    Scaler(ScalerOnlyArgs),
     /// Run only the admission webhook.
     Webhook(WebhookCommandArgs),
     /// Manage the webhook's TLS certificates.
     #[command(subcommand)]
     Certs(CertsCommand),
+}
+
+/// Options of `nightshift scaler`.
+#[derive(Debug, Args)]
+pub struct ScalerOnlyArgs {
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    #[command(flatten)]
+    pub shutdown: ShutdownArgs,
+
+    #[command(flatten)]
+    pub scaler: ScalerArgs,
 }
 
 /// Options of `nightshift webhook`.
@@ -67,6 +83,9 @@ pub struct RunArgs {
     pub shutdown: ShutdownArgs,
 
     #[command(flatten)]
+    pub scaler: ScalerArgs,
+
+    #[command(flatten)]
     pub webhook: WebhookArgs,
 }
 
@@ -96,6 +115,7 @@ impl Cli {
         }
         let outcome = match self.command {
             Command::Run(args) => run_all(args).await,
+            Command::Scaler(args) => run_scaler(args).await,
             Command::Webhook(args) => run_webhook(args).await,
             Command::Certs(CertsCommand::Generate(args)) => generate_certs(&args),
         };
@@ -113,10 +133,23 @@ async fn run_all(args: RunArgs) -> anyhow::Result<()> {
     let RunArgs {
         admin,
         shutdown,
+        scaler,
         webhook,
     } = args;
     let mut ctx = Context::new(cluster::connect().await);
+    scaler::start(scaler, &mut ctx).await?;
     webhook::start(webhook, &mut ctx).await?;
+    ctx.serve(admin.admin_addr, shutdown.drain_timeout).await
+}
+
+async fn run_scaler(args: ScalerOnlyArgs) -> anyhow::Result<()> {
+    let ScalerOnlyArgs {
+        admin,
+        shutdown,
+        scaler,
+    } = args;
+    let mut ctx = Context::new(cluster::connect().await);
+    scaler::start(scaler, &mut ctx).await?;
     ctx.serve(admin.admin_addr, shutdown.drain_timeout).await
 }
 

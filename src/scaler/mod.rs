@@ -1,5 +1,400 @@
-//! The KEDA external scaler: turns vLLM metrics into a demand figure per inference service.
+//! The KEDA external scaler: a gRPC server (KEDA's `externalscaler` protocol) that turns vLLM
+//! metrics into inference demand.
 //!
-//! [`demand`] holds the pure decision math shared with the simulator.
+//! - [`metadata`] parses a trigger's metadata into a typed configuration;
+//! - [`demand`] is the pure composite-demand math (shared with the simulator);
+//! - [`Scaler`] reads the sources, applies the math and keeps explanations ([`explain`]);
+//! - [`service`] is the thin gRPC adapter, [`error`] the one mapping to gRPC status codes.
+//!
+//! Demand is reported as a metric value of `replicas × 100` against a fixed target of 100, so the
+//! HPA's `ceil(value / target)` is the number of replicas needed.
 
 pub mod demand;
+pub mod error;
+pub mod explain;
+pub mod metadata;
+pub mod metrics;
+pub mod service;
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+pub use error::Error;
+use explain::{Decisions, ErrorView, Explanation, TermView};
+use metadata::{EmptyResult, Source, TriggerConfig};
+
+use crate::{
+    runtime::Context,
+    sources::{
+        Family, Selection, discovery::Discovery, metrics::SourceMetrics,
+        prometheus::PrometheusSource, scrape::ScrapeSource,
+    },
+};
+
+/// Options of the KEDA external scaler.
+#[derive(Clone, Debug, Args)]
+pub struct ScalerArgs {
+    /// Address of the scaler's gRPC server (KEDA's `scalerAddress` points here).
+    #[arg(long, env = "NIGHTSHIFT_SCALER_ADDR", default_value = "0.0.0.0:6000")]
+    pub scaler_addr: SocketAddr,
+
+    /// How long an upstream answer (Prometheus query, pod scrape pass) is reused. Every
+    /// ScaledObject polling within this time shares one upstream request per metric family.
+    #[arg(long, env = "NIGHTSHIFT_SCALER_CACHE_TTL", default_value = "1s", value_parser = crate::cli::parse_duration)]
+    pub scaler_cache_ttl: Duration,
+
+    /// How often a `StreamIsActive` stream re-evaluates (it sends only on transitions).
+    #[arg(long, env = "NIGHTSHIFT_SCALER_STREAM_INTERVAL", default_value = "5s", value_parser = crate::cli::parse_duration)]
+    pub scaler_stream_interval: Duration,
+
+    /// PEM certificate chain for serving gRPC over TLS (with --scaler-tls-key). Plaintext when unset.
+    #[arg(long, env = "NIGHTSHIFT_SCALER_TLS_CERT", requires = "scaler_tls_key")]
+    pub scaler_tls_cert: Option<PathBuf>,
+
+    /// PEM private key for --scaler-tls-cert.
+    #[arg(long, env = "NIGHTSHIFT_SCALER_TLS_KEY", requires = "scaler_tls_cert")]
+    pub scaler_tls_key: Option<PathBuf>,
+
+    /// PEM CA bundle: when set, clients (KEDA, with a TriggerAuthentication's tlsClientCert and
+    /// tlsClientKey) must present a certificate signed by it (mTLS).
+    #[arg(
+        long,
+        env = "NIGHTSHIFT_SCALER_TLS_CLIENT_CA",
+        requires = "scaler_tls_cert"
+    )]
+    pub scaler_tls_client_ca: Option<PathBuf>,
+}
+
+/// TLS material for the gRPC server, as PEM text.
+#[derive(Clone, Debug)]
+pub struct TlsPem {
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+    /// Require client certificates signed by this CA.
+    pub client_ca: Option<Vec<u8>>,
+}
+
+/// Options of the scaler core.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub cache_ttl: Duration,
+    pub stream_interval: Duration,
+}
+
+/// Name of the metric in `GetMetricSpec`/`GetMetrics` (KEDA prefixes it with `s{index}-`).
+pub const METRIC_NAME: &str = "vllm-demand";
+
+/// The outcome of one evaluation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Evaluation {
+    /// Demand in replicas.
+    pub replicas: f64,
+    /// `replicas × METRIC_TARGET` and its ceiling, for `GetMetrics`.
+    pub metric_value: f64,
+    pub metric_value_int: i64,
+    /// Demand above the activation threshold.
+    pub active: bool,
+}
+
+/// Reads sources and decides; shared by every gRPC call.
+pub struct Scaler {
+    prometheus: PrometheusSource,
+    scrape: ScrapeSource,
+    decisions: Decisions,
+    metrics: metrics::ScalerMetrics,
+    options: Options,
+    shutdown: CancellationToken,
+}
+
+impl Scaler {
+    /// Builds the scaler. `kube` is `None` without a cluster: `service` triggers then fail with
+    /// a clear error, `serverAddress` and `endpoints` triggers work.
+    pub fn new(
+        options: Options,
+        kube: Option<kube::Client>,
+        source_metrics: SourceMetrics,
+        metrics: metrics::ScalerMetrics,
+        shutdown: CancellationToken,
+    ) -> Result<Self, Error> {
+        let discovery = Arc::new(Discovery::new(kube, shutdown.clone()));
+        Ok(Self {
+            prometheus: PrometheusSource::new(options.cache_ttl, source_metrics.clone()),
+            scrape: ScrapeSource::new(options.cache_ttl, discovery, source_metrics)?,
+            decisions: Decisions::default(),
+            metrics,
+            options,
+            shutdown,
+        })
+    }
+
+    /// The explanations store (for the admin routes).
+    pub fn decisions(&self) -> &Decisions {
+        &self.decisions
+    }
+
+    /// The request metrics.
+    pub fn metrics(&self) -> &metrics::ScalerMetrics {
+        &self.metrics
+    }
+
+    /// Stream re-evaluation interval.
+    pub fn stream_interval(&self) -> Duration {
+        self.options.stream_interval
+    }
+
+    /// Cancelled when the process shuts down.
+    pub fn shutdown_token(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+
+    /// Evaluates a ScaledObject's trigger and records the explanation.
+    pub async fn evaluate(
+        &self,
+        namespace: &str,
+        name: &str,
+        raw_metadata: &std::collections::HashMap<String, String>,
+    ) -> Result<Evaluation, Error> {
+        let config = metadata::parse(raw_metadata, namespace)?;
+        let mut explanation = Explanation {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            at: jiff::Timestamp::now().to_string(),
+            source: describe(&config.source),
+            pods: None,
+            terms: Vec::new(),
+            driver: None,
+            replicas: None,
+            metric_value: None,
+            active: None,
+            activation_threshold: config.activation_threshold,
+            error: None,
+        };
+        let result = self.decide(&config, &mut explanation).await;
+        match &result {
+            Ok(ev) => {
+                explanation.replicas = Some(ev.replicas);
+                explanation.metric_value = Some(ev.metric_value);
+                explanation.active = Some(ev.active);
+                self.metrics.demand(namespace, name, ev.replicas);
+            }
+            Err(e) => {
+                tracing::warn!(%namespace, scaled_object = %name, error = %e, "no demand reported");
+                explanation.error = Some(ErrorView {
+                    code: format!("{:?}", e.code()),
+                    message: e.to_string(),
+                });
+            }
+        }
+        self.decisions.record(explanation);
+        result
+    }
+
+    async fn decide(
+        &self,
+        config: &TriggerConfig,
+        explanation: &mut Explanation,
+    ) -> Result<Evaluation, Error> {
+        if let Some(raw) = &config.query {
+            let Source::Prometheus { server, .. } = &config.source else {
+                return Err(Error::Server("query without serverAddress".into()));
+            };
+            let value = match *self.prometheus.raw_query(server, &raw.query).await? {
+                Some(v) => v,
+                None if config.empty_result == EmptyResult::Zero => 0.0,
+                None => {
+                    return Err(Error::Empty {
+                        source_name: explanation.source.clone(),
+                        family: "query",
+                        selection: format!("{:?}", raw.query),
+                    });
+                }
+            };
+            let replicas = value / raw.target;
+            explanation.terms.push(TermView {
+                signal: "query".into(),
+                raw: value,
+                target: raw.target,
+                ratio: replicas,
+            });
+            explanation.driver = Some("query".into());
+            let metric_value = replicas * demand::METRIC_TARGET;
+            return Ok(Evaluation {
+                replicas,
+                metric_value,
+                metric_value_int: metric_value.ceil() as i64,
+                active: replicas > config.activation_threshold,
+            });
+        }
+
+        let wanted: Vec<Family> = [
+            (Family::Waiting, config.targets.waiting),
+            (Family::Running, config.targets.running),
+            (Family::KvCache, config.targets.kv_cache),
+            (Family::GenerationTokens, config.targets.generation_tokens),
+        ]
+        .into_iter()
+        .filter_map(|(f, t)| t.map(|_| f))
+        .collect();
+        let readings = self.read(config, &wanted, &explanation.source).await?;
+        let mut totals = demand::Totals::default();
+        for (family, aggregate) in readings {
+            let value = match aggregate {
+                Some(a) => {
+                    totals.pods = totals.pods.max(a.pods);
+                    a.total
+                }
+                None if config.empty_result == EmptyResult::Zero => 0.0,
+                None => {
+                    return Err(Error::Empty {
+                        source_name: explanation.source.clone(),
+                        family: family.as_str(),
+                        selection: selection_text(&config.selection),
+                    });
+                }
+            };
+            match family {
+                Family::Waiting => totals.waiting = Some(value),
+                Family::Running => totals.running = Some(value),
+                Family::KvCache => totals.kv_cache = Some(value),
+                Family::GenerationTokens => totals.generation_tokens = Some(value),
+            }
+        }
+        explanation.pods = Some(totals.pods);
+        let decision = demand::compute(&totals, &config.targets)?;
+        explanation.terms = decision
+            .terms
+            .iter()
+            .map(|t| TermView {
+                signal: signal_name(t.signal).into(),
+                raw: t.total,
+                target: t.target,
+                ratio: t.ratio,
+            })
+            .collect();
+        explanation.driver = decision.driver.map(|s| signal_name(s).to_string());
+        Ok(Evaluation {
+            replicas: decision.replicas,
+            metric_value: decision.metric_value(),
+            metric_value_int: decision.metric_value_int(),
+            active: decision.is_active(config.activation_threshold),
+        })
+    }
+
+    /// Reads the wanted families; `None` for a family with no series for the selection.
+    async fn read(
+        &self,
+        config: &TriggerConfig,
+        wanted: &[Family],
+        source_name: &str,
+    ) -> Result<Vec<(Family, Option<crate::sources::Aggregate>)>, Error> {
+        match &config.source {
+            Source::Prometheus { server, labels } => {
+                let window = metadata::promql_duration(config.rate_window);
+                let fetches = wanted.iter().map(|&family| {
+                    let window = window.clone();
+                    async move {
+                        let index = self
+                            .prometheus
+                            .family(server, labels, family, &window)
+                            .await?;
+                        Ok::<_, Error>((family, index.select(&config.selection)))
+                    }
+                });
+                futures::future::try_join_all(fetches).await
+            }
+            Source::Scrape(target) => {
+                let snapshot = self.scrape.snapshot(target).await?;
+                let mut out = Vec::with_capacity(wanted.len());
+                for &family in wanted {
+                    if family == Family::GenerationTokens && snapshot.rates_warming_up {
+                        return Err(Error::WarmingUp {
+                            source_name: source_name.to_string(),
+                        });
+                    }
+                    let agg = snapshot
+                        .families
+                        .get(&family)
+                        .and_then(|i| i.select(&config.selection));
+                    out.push((family, agg));
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+fn signal_name(s: demand::Signal) -> &'static str {
+    s.name()
+}
+
+fn selection_text(s: &Selection) -> String {
+    s.to_string()
+}
+
+fn describe(source: &Source) -> String {
+    match source {
+        Source::Prometheus { server, .. } => format!("Prometheus {}", server.address),
+        Source::Scrape(t) => t.describe(),
+    }
+}
+
+/// Reads the TLS files named by the options.
+pub fn load_tls(args: &ScalerArgs) -> Result<Option<TlsPem>, Error> {
+    let read = |p: &PathBuf| {
+        std::fs::read(p).map_err(|e| Error::Server(format!("cannot read {}: {e}", p.display())))
+    };
+    match (&args.scaler_tls_cert, &args.scaler_tls_key) {
+        (Some(cert), Some(key)) => Ok(Some(TlsPem {
+            cert: read(cert)?,
+            key: read(key)?,
+            client_ca: args.scaler_tls_client_ca.as_ref().map(read).transpose()?,
+        })),
+        _ => Ok(None),
+    }
+}
+
+/// Starts the scaler as a component of the process: registers metrics, readiness and admin
+/// routes, binds the gRPC port and spawns the server.
+pub async fn start(args: ScalerArgs, ctx: &mut Context) -> Result<(), Error> {
+    let ScalerArgs {
+        scaler_addr,
+        scaler_cache_ttl,
+        scaler_stream_interval,
+        ..
+    } = args.clone();
+    let tls = load_tls(&args)?;
+    let source_metrics = SourceMetrics::default();
+    source_metrics.register(&mut ctx.registry);
+    let scaler_metrics = metrics::ScalerMetrics::default();
+    scaler_metrics.register(&mut ctx.registry);
+    if ctx.kube.is_none() {
+        tracing::warn!(
+            "no Kubernetes connection: scaler triggers with `service` are off (they answer \
+             FAILED_PRECONDITION); `serverAddress` and `endpoints` triggers work"
+        );
+    }
+    let scaler = Arc::new(Scaler::new(
+        Options {
+            cache_ttl: scaler_cache_ttl,
+            stream_interval: scaler_stream_interval,
+        },
+        ctx.kube.clone(),
+        source_metrics,
+        scaler_metrics,
+        ctx.supervisor.shutdown_token(),
+    )?);
+    ctx.add_admin_routes(scaler.decisions().routes());
+    let ready = ctx.readiness.register("scaler gRPC server");
+    let listener = tokio::net::TcpListener::bind(scaler_addr)
+        .await
+        .map_err(|e| Error::Server(format!("cannot bind {scaler_addr}: {e}")))?;
+    let token = ctx.supervisor.shutdown_token();
+    ctx.supervisor.spawn("scaler", async move {
+        ready.set(true);
+        service::serve(listener, scaler, tls, token).await?;
+        Ok(())
+    });
+    Ok(())
+}

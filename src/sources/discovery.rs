@@ -1,0 +1,232 @@
+//! Finds the vLLM pods behind a Service from its EndpointSlices, with one `kube` reflector per
+//! Service (started on first use, shared afterwards). Only endpoints that are not marked
+//! not-ready are returned: a starting or terminating pod has no meaningful load.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::StreamExt;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::{
+    Api,
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, Store},
+        watcher,
+    },
+};
+use tokio_util::sync::CancellationToken;
+
+use super::SourceError;
+
+/// The label EndpointSlices carry naming their Service.
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// One pod endpoint to scrape.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Endpoint {
+    /// `host:port` (IPv6 hosts bracketed).
+    pub address: String,
+    /// Pod name when known (for explanations), else the address.
+    pub name: String,
+}
+
+/// Watches EndpointSlices of the Services that ScaledObjects point at.
+pub struct Discovery {
+    client: Option<kube::Client>,
+    stores: Mutex<HashMap<(String, String), Store<EndpointSlice>>>,
+    shutdown: CancellationToken,
+}
+
+impl Discovery {
+    /// `client` is `None` without a cluster: Service lookups then fail with a clear error.
+    pub fn new(client: Option<kube::Client>, shutdown: CancellationToken) -> Self {
+        Self {
+            client,
+            stores: Mutex::new(HashMap::new()),
+            shutdown,
+        }
+    }
+
+    fn store(&self, namespace: &str, service: &str) -> Result<Store<EndpointSlice>, SourceError> {
+        let Some(client) = &self.client else {
+            return Err(SourceError::NotConfigured(format!(
+                "service {namespace}/{service}: discovering pods needs a Kubernetes connection and \
+                 none was found; list the pods in `endpoints` or read from Prometheus with \
+                 `serverAddress`"
+            )));
+        };
+        let mut stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (namespace.to_string(), service.to_string());
+        if let Some(store) = stores.get(&key) {
+            return Ok(store.clone());
+        }
+        let api: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
+        let config = watcher::Config::default().labels(&format!("{SERVICE_NAME_LABEL}={service}"));
+        let (store, writer) = reflector::store();
+        let stream = reflector::reflector(writer, watcher(api, config))
+            .default_backoff()
+            .applied_objects();
+        let shutdown = self.shutdown.clone();
+        let (ns, svc) = key.clone();
+        tokio::spawn(async move {
+            tracing::info!(namespace = %ns, service = %svc, "watching EndpointSlices");
+            let mut stream = std::pin::pin!(stream);
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    next = stream.next() => match next {
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => tracing::warn!(namespace = %ns, service = %svc, error = %e, "EndpointSlice watch error; retrying"),
+                        None => break,
+                    }
+                }
+            }
+        });
+        stores.insert(key, store.clone());
+        Ok(store)
+    }
+
+    /// The ready endpoints of `namespace/service` on `port` (a port name or number; `None`
+    /// takes each slice's first port). Waits up to `timeout` for the first list.
+    pub async fn endpoints(
+        &self,
+        namespace: &str,
+        service: &str,
+        port: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Vec<Endpoint>, SourceError> {
+        let store = self.store(namespace, service)?;
+        match tokio::time::timeout(timeout, store.wait_until_ready()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => {
+                return Err(SourceError::Unavailable {
+                    upstream: format!("EndpointSlices of {namespace}/{service}"),
+                    detail: "the watch stopped".into(),
+                });
+            }
+            Err(_) => {
+                return Err(SourceError::Timeout {
+                    upstream: format!("Kubernetes API (EndpointSlices of {namespace}/{service})"),
+                    after: timeout,
+                });
+            }
+        }
+        let slices: Vec<Arc<EndpointSlice>> = store.state();
+        Ok(endpoints_of(slices.iter().map(|s| s.as_ref()), port))
+    }
+}
+
+/// Pure: ready endpoints of the given slices on the given port.
+pub fn endpoints_of<'a>(
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    port: Option<&str>,
+) -> Vec<Endpoint> {
+    let mut out = Vec::new();
+    for slice in slices {
+        let ports = slice.ports.as_deref().unwrap_or_default();
+        let chosen = match port {
+            None => ports.first(),
+            Some(p) => ports.iter().find(|sp| {
+                sp.name.as_deref() == Some(p)
+                    || sp.port.map(|n| n.to_string()).as_deref() == Some(p)
+            }),
+        };
+        let number = match (chosen.and_then(|p| p.port), port) {
+            (Some(n), _) => n.to_string(),
+            (None, Some(p)) if p.parse::<u16>().is_ok() => p.to_string(),
+            _ => continue,
+        };
+        let ipv6 = slice.address_type == "IPv6";
+        for ep in slice.endpoints.iter().flatten() {
+            if ep.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
+                continue;
+            }
+            let Some(addr) = ep.addresses.first() else {
+                continue;
+            };
+            let host = if ipv6 {
+                format!("[{addr}]")
+            } else {
+                addr.clone()
+            };
+            let address = format!("{host}:{number}");
+            let name = ep
+                .target_ref
+                .as_ref()
+                .and_then(|r| r.name.clone())
+                .unwrap_or_else(|| address.clone());
+            out.push(Endpoint { address, name });
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::{
+        core::v1::ObjectReference,
+        discovery::v1::{Endpoint as SliceEndpoint, EndpointConditions, EndpointPort},
+    };
+
+    fn slice(address_type: &str, eps: &[(&str, Option<bool>, &str)]) -> EndpointSlice {
+        EndpointSlice {
+            address_type: address_type.into(),
+            endpoints: Some(
+                eps.iter()
+                    .map(|(ip, ready, pod)| SliceEndpoint {
+                        addresses: vec![ip.to_string()],
+                        conditions: Some(EndpointConditions {
+                            ready: *ready,
+                            ..Default::default()
+                        }),
+                        target_ref: Some(ObjectReference {
+                            name: Some(pod.to_string()),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ports: Some(vec![EndpointPort {
+                name: Some("http".into()),
+                port: Some(8000),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn not_ready_endpoints_are_skipped() {
+        let s = slice(
+            "IPv4",
+            &[
+                ("10.0.0.1", Some(true), "a"),
+                ("10.0.0.2", Some(false), "b"),
+                ("10.0.0.3", None, "c"),
+            ],
+        );
+        let eps = endpoints_of([&s], Some("http"));
+        let addrs: Vec<_> = eps.iter().map(|e| e.address.as_str()).collect();
+        assert_eq!(addrs, ["10.0.0.1:8000", "10.0.0.3:8000"]);
+        assert_eq!(eps[0].name, "a");
+    }
+
+    #[test]
+    fn ports_match_by_name_or_number_and_ipv6_is_bracketed() {
+        let s = slice("IPv6", &[("fd00::1", Some(true), "a")]);
+        assert_eq!(
+            endpoints_of([&s], Some("8000"))[0].address,
+            "[fd00::1]:8000"
+        );
+        assert_eq!(endpoints_of([&s], None)[0].address, "[fd00::1]:8000");
+        assert!(endpoints_of([&s], Some("metrics")).is_empty());
+    }
+}

@@ -1,0 +1,233 @@
+//! Where vLLM metrics come from: a Prometheus server ([`prometheus`]) or a direct scrape of the
+//! vLLM pods' `/metrics` ([`scrape`], pods found by [`discovery`]).
+//!
+//! Both produce the same thing: for each metric [`Family`], a [`FamilyIndex`] of per-pod values
+//! already aggregated per (namespace, model). Fetches are shared between every ScaledObject that
+//! reads the same upstream ([`cache`]), so upstream load does not grow with their number.
+//! This module owns no demand logic: it only measures.
+
+pub mod cache;
+pub mod discovery;
+pub mod exposition;
+pub mod metrics;
+pub mod prometheus;
+pub mod rates;
+pub mod scrape;
+
+use std::{collections::HashMap, fmt, time::Duration};
+
+/// A family of vLLM metrics that the scaler can read. One upstream query (or one scrape pass)
+/// per family serves every ScaledObject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    /// `vllm:num_requests_waiting`, summed over engines and pods.
+    Waiting,
+    /// `vllm:num_requests_running`, summed over engines and pods.
+    Running,
+    /// `vllm:kv_cache_usage_perc` (formerly `vllm:gpu_cache_usage_perc`): averaged over a pod's
+    /// engines, summed over pods.
+    KvCache,
+    /// Rate of `vllm:generation_tokens_total` in tokens/s, summed over engines and pods.
+    GenerationTokens,
+}
+
+impl Family {
+    /// Every family, in a fixed order.
+    pub const ALL: [Family; 4] = [
+        Family::Waiting,
+        Family::Running,
+        Family::KvCache,
+        Family::GenerationTokens,
+    ];
+
+    /// A short stable name, used in metric labels and explanations.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::Waiting => "waiting",
+            Family::Running => "running",
+            Family::KvCache => "kv_cache",
+            Family::GenerationTokens => "generation_tokens",
+        }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which model's series a ScaledObject reads.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Selection {
+    /// Kubernetes namespace of the vLLM pods; `None` matches every namespace.
+    pub namespace: Option<String>,
+    /// vLLM `model_name` label; `None` sums every model.
+    pub model: Option<String>,
+}
+
+impl fmt::Display for Selection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "namespace={} model={}",
+            self.namespace.as_deref().unwrap_or("*"),
+            self.model.as_deref().unwrap_or("*")
+        )
+    }
+}
+
+/// The identity of a model's series: (namespace, model_name).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ModelKey {
+    pub namespace: String,
+    pub model: String,
+}
+
+/// A family's value summed over pods, and how many pods contributed.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Aggregate {
+    pub total: f64,
+    pub pods: usize,
+}
+
+/// One family's readings, summed per (namespace, model) from per-pod values.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FamilyIndex {
+    by_model: HashMap<ModelKey, Aggregate>,
+}
+
+impl FamilyIndex {
+    /// Builds the index from one value per pod (a pod serving two models appears twice).
+    pub fn from_pod_values(values: impl IntoIterator<Item = (ModelKey, f64)>) -> Self {
+        let mut by_model: HashMap<ModelKey, Aggregate> = HashMap::new();
+        for (key, value) in values {
+            let agg = by_model.entry(key).or_default();
+            agg.total += value;
+            agg.pods += 1;
+        }
+        Self { by_model }
+    }
+
+    /// The aggregate for a selection, or `None` when no series matched (an empty result).
+    pub fn select(&self, selection: &Selection) -> Option<Aggregate> {
+        if let (Some(namespace), Some(model)) = (&selection.namespace, &selection.model) {
+            // The common case is a direct lookup.
+            return self
+                .by_model
+                .get(&ModelKey {
+                    namespace: namespace.clone(),
+                    model: model.clone(),
+                })
+                .copied();
+        }
+        let mut found = None::<Aggregate>;
+        for (key, agg) in &self.by_model {
+            let ns_ok = selection
+                .namespace
+                .as_ref()
+                .is_none_or(|n| *n == key.namespace);
+            let model_ok = selection.model.as_ref().is_none_or(|m| *m == key.model);
+            if ns_ok && model_ok {
+                let acc = found.get_or_insert_default();
+                acc.total += agg.total;
+                acc.pods += agg.pods;
+            }
+        }
+        found
+    }
+
+    /// Number of (namespace, model) entries.
+    pub fn len(&self) -> usize {
+        self.by_model.len()
+    }
+
+    /// Whether no series were found at all.
+    pub fn is_empty(&self) -> bool {
+        self.by_model.is_empty()
+    }
+}
+
+/// Why a source could not produce a reading. Cloneable because one fetch's outcome is shared
+/// by every caller waiting for it.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SourceError {
+    /// The upstream could not be reached or answered with a server error.
+    #[error("{upstream} is unavailable: {detail}")]
+    Unavailable { upstream: String, detail: String },
+    /// The upstream did not answer in time.
+    #[error("{upstream} did not answer within {after:?}")]
+    Timeout { upstream: String, after: Duration },
+    /// The upstream answered with something that is not usable metrics.
+    #[error("{upstream} returned unusable data: {detail}")]
+    Garbage { upstream: String, detail: String },
+    /// Prometheus refused the query (e.g. a syntax error in a raw `query`).
+    #[error("{upstream} rejected the query {query:?}: {detail}")]
+    Rejected {
+        upstream: String,
+        query: String,
+        detail: String,
+    },
+    /// The source cannot work in this deployment (e.g. service discovery without a cluster).
+    #[error("{0}")]
+    NotConfigured(String),
+}
+
+impl SourceError {
+    /// A short label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SourceError::Unavailable { .. } => "unavailable",
+            SourceError::Timeout { .. } => "timeout",
+            SourceError::Garbage { .. } => "garbage",
+            SourceError::Rejected { .. } => "rejected",
+            SourceError::NotConfigured(_) => "not_configured",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(ns: &str, model: &str) -> ModelKey {
+        ModelKey {
+            namespace: ns.into(),
+            model: model.into(),
+        }
+    }
+
+    #[test]
+    fn index_sums_pods_per_model_and_counts_them() {
+        let index = FamilyIndex::from_pod_values([
+            (key("a", "llama"), 2.0),
+            (key("a", "llama"), 3.0),
+            (key("a", "qwen"), 7.0),
+            (key("b", "llama"), 11.0),
+        ]);
+        let sel = |ns: Option<&str>, m: Option<&str>| Selection {
+            namespace: ns.map(Into::into),
+            model: m.map(Into::into),
+        };
+        assert_eq!(
+            index.select(&sel(Some("a"), Some("llama"))),
+            Some(Aggregate {
+                total: 5.0,
+                pods: 2
+            })
+        );
+        assert_eq!(
+            index.select(&sel(Some("a"), None)),
+            Some(Aggregate {
+                total: 12.0,
+                pods: 3
+            })
+        );
+        assert_eq!(
+            index.select(&sel(None, Some("llama"))).map(|a| a.total),
+            Some(16.0)
+        );
+        assert_eq!(index.select(&sel(Some("c"), Some("llama"))), None);
+        assert_eq!(index.select(&sel(Some("c"), None)), None);
+    }
+}

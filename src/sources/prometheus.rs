@@ -1,0 +1,419 @@
+//! Reads vLLM metrics from a Prometheus server with `prometheus-http-query`.
+//!
+//! One instant query per metric family and server, grouped by (namespace, model, pod), serves
+//! every ScaledObject that reads that server with the same label configuration. Outcomes are
+//! cached for a short TTL and concurrent callers wait for the same request, so the number of
+//! upstream queries per interval is the number of families in use, not the number of
+//! ScaledObjects. Every request is bounded by a timeout.
+
+use std::{
+    collections::HashMap,
+    fmt::Write as _,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use prometheus_http_query::{Client, response::Data};
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
+
+use super::{
+    Family, FamilyIndex, ModelKey, SourceError,
+    cache::Coalescer,
+    exposition::{GENERATION_TOKENS, KV_CACHE, KV_CACHE_OLD, MODEL_LABEL, RUNNING, WAITING},
+};
+use crate::sources::metrics::SourceMetrics;
+
+/// How to authenticate to Prometheus.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Auth {
+    None,
+    Bearer(String),
+    Basic { username: String, password: String },
+}
+
+/// A Prometheus server and how to talk to it. Equal values share one HTTP client and one cache.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Server {
+    /// Base URL, e.g. `http://prometheus.monitoring:9090`.
+    pub address: String,
+    pub auth: Auth,
+    /// Extra headers sent with every query (e.g. `X-Scope-OrgID` for multi-tenant backends).
+    pub headers: Vec<(String, String)>,
+    /// PEM CA bundle to trust in addition to the system roots.
+    pub ca_cert: Option<String>,
+    /// Skip certificate verification (testing only).
+    pub unsafe_ssl: bool,
+    /// Bound on one query, connection included.
+    pub timeout: Duration,
+}
+
+/// Which labels carry the namespace and pod, and extra matchers applied to every series.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Labels {
+    pub namespace_label: String,
+    pub pod_label: String,
+    pub matchers: Vec<(String, String)>,
+}
+
+/// Builds the selector `metric{k="v",...}` with escaped values.
+fn selector(metric: &str, matchers: &[(String, String)]) -> String {
+    let mut s = metric.to_string();
+    if !matchers.is_empty() {
+        s.push('{');
+        for (i, (k, v)) in matchers.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            let escaped = v
+                .replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('\n', "\\n");
+            let _ = write!(s, "{k}=\"{escaped}\"");
+        }
+        s.push('}');
+    }
+    s
+}
+
+/// The PromQL query for one family: one value per (namespace, model, pod). Engines are summed
+/// (counts, token rates) or averaged (KV-cache fraction) within a pod; both KV-cache names are
+/// read, the new one winning where a pod exposes both (`or` keeps the left side's series).
+pub fn family_query(family: Family, labels: &Labels, rate_window: &str) -> String {
+    let by = format!(
+        "{}, {MODEL_LABEL}, {}",
+        labels.namespace_label, labels.pod_label
+    );
+    let m = &labels.matchers;
+    match family {
+        Family::Waiting => format!("sum by ({by}) ({})", selector(WAITING, m)),
+        Family::Running => format!("sum by ({by}) ({})", selector(RUNNING, m)),
+        Family::KvCache => format!(
+            "avg by ({by}) ({} or {})",
+            selector(KV_CACHE, m),
+            selector(KV_CACHE_OLD, m)
+        ),
+        Family::GenerationTokens => format!(
+            "sum by ({by}) (rate({}[{rate_window}]))",
+            selector(GENERATION_TOKENS, m)
+        ),
+    }
+}
+
+/// Prometheus servers in use, their HTTP clients and the shared query cache.
+pub struct PrometheusSource {
+    clients: Mutex<HashMap<Server, Client>>,
+    families: Coalescer<(Server, String), FamilyIndex>,
+    raw: Coalescer<(Server, String), Option<f64>>,
+    metrics: SourceMetrics,
+}
+
+impl PrometheusSource {
+    /// A source whose answers are reused for `ttl`.
+    pub fn new(ttl: Duration, metrics: SourceMetrics) -> Self {
+        Self {
+            clients: Mutex::new(HashMap::new()),
+            families: Coalescer::new(ttl),
+            raw: Coalescer::new(ttl),
+            metrics,
+        }
+    }
+
+    fn client(&self, server: &Server) -> Result<Client, SourceError> {
+        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = clients.get(server) {
+            return Ok(c.clone());
+        }
+        let client = build_client(server)?;
+        clients.insert(server.clone(), client.clone());
+        Ok(client)
+    }
+
+    /// One family's readings from `server`, shared with every concurrent and recent caller.
+    pub async fn family(
+        &self,
+        server: &Server,
+        labels: &Labels,
+        family: Family,
+        rate_window: &str,
+    ) -> Result<Arc<FamilyIndex>, SourceError> {
+        let query = family_query(family, labels, rate_window);
+        let key = (server.clone(), query);
+        let client = self.client(server)?;
+        let metrics = self.metrics.clone();
+        let (server_c, labels_c) = (server.clone(), labels.clone());
+        let query = key.1.clone();
+        self.families
+            .get_or_fetch(&key, move || async move {
+                let data = run_query(&client, &server_c, &query, &metrics, family.as_str()).await?;
+                index_from(&server_c, &labels_c, data)
+            })
+            .await
+    }
+
+    /// A raw PromQL query that must return at most one element; `None` when it returned none.
+    pub async fn raw_query(
+        &self,
+        server: &Server,
+        query: &str,
+    ) -> Result<Arc<Option<f64>>, SourceError> {
+        let key = (server.clone(), query.to_string());
+        let client = self.client(server)?;
+        let metrics = self.metrics.clone();
+        let server_c = server.clone();
+        let query = query.to_string();
+        self.raw
+            .get_or_fetch(&key, move || async move {
+                let data = run_query(&client, &server_c, &query, &metrics, "query").await?;
+                single_value(&server_c, &query, data)
+            })
+            .await
+    }
+}
+
+fn build_client(server: &Server) -> Result<Client, SourceError> {
+    let bad = |what: &str, e: &dyn std::fmt::Display| {
+        SourceError::NotConfigured(format!(
+            "cannot build a client for Prometheus {}: {what}: {e}",
+            server.address
+        ))
+    };
+    let mut headers = HeaderMap::new();
+    match &server.auth {
+        Auth::None => {}
+        Auth::Bearer(token) => {
+            let mut v = HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|e| bad("bearer token", &e))?;
+            v.set_sensitive(true);
+            headers.insert(AUTHORIZATION, v);
+        }
+        Auth::Basic { username, password } => {
+            let encoded = base64_encode(format!("{username}:{password}").as_bytes());
+            let mut v = HeaderValue::from_str(&format!("Basic {encoded}"))
+                .map_err(|e| bad("basic credentials", &e))?;
+            v.set_sensitive(true);
+            headers.insert(AUTHORIZATION, v);
+        }
+    }
+    for (k, v) in &server.headers {
+        let name = HeaderName::from_bytes(k.as_bytes()).map_err(|e| bad("header name", &e))?;
+        let value = HeaderValue::from_str(v).map_err(|e| bad("header value", &e))?;
+        headers.insert(name, value);
+    }
+    let mut builder = reqwest::Client::builder()
+        .default_headers(headers)
+        .timeout(server.timeout)
+        .connect_timeout(server.timeout);
+    if let Some(pem) = &server.ca_cert {
+        let certs = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
+            .map_err(|e| bad("CA certificate", &e))?;
+        for cert in certs {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    if server.unsafe_ssl {
+        builder = builder.danger_accept_invalid_certs(true);
+    }
+    let http = builder.build().map_err(|e| bad("HTTP client", &e))?;
+    Client::from(http, &server.address).map_err(|e| bad("address", &e))
+}
+
+/// Standard base64 (RFC 4648) for HTTP basic credentials; small enough not to need a crate.
+fn base64_encode(input: &[u8]) -> String {
+    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(input.len().div_ceil(3) * 4);
+    for chunk in input.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(TABLE[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+async fn run_query(
+    client: &Client,
+    server: &Server,
+    query: &str,
+    metrics: &SourceMetrics,
+    family: &'static str,
+) -> Result<Data, SourceError> {
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(server.timeout, client.query(query).get()).await;
+    let result = match outcome {
+        Err(_) => Err(SourceError::Timeout {
+            upstream: format!("Prometheus {}", server.address),
+            after: server.timeout,
+        }),
+        Ok(Err(e)) => Err(classify(server, query, e)),
+        Ok(Ok(r)) => Ok(r.into_inner().0),
+    };
+    metrics.observe(
+        "prometheus",
+        family,
+        result.as_ref().err(),
+        started.elapsed(),
+    );
+    result
+}
+
+fn classify(server: &Server, query: &str, e: prometheus_http_query::Error) -> SourceError {
+    let upstream = format!("Prometheus {}", server.address);
+    match e {
+        prometheus_http_query::Error::Prometheus(p) if p.is_bad_data() => SourceError::Rejected {
+            upstream,
+            query: query.to_string(),
+            detail: p.message().to_string(),
+        },
+        prometheus_http_query::Error::Prometheus(p) if p.is_timeout() => SourceError::Timeout {
+            upstream,
+            after: server.timeout,
+        },
+        prometheus_http_query::Error::Prometheus(p) => SourceError::Unavailable {
+            upstream,
+            detail: p.to_string(),
+        },
+        prometheus_http_query::Error::Client(c) => {
+            let inner = c.inner();
+            if inner.is_some_and(|r| r.is_timeout()) {
+                SourceError::Timeout {
+                    upstream,
+                    after: server.timeout,
+                }
+            } else if inner.is_some_and(|r| r.is_decode()) {
+                SourceError::Garbage {
+                    upstream,
+                    detail: error_chain(&c),
+                }
+            } else if inner.is_some_and(|r| r.is_status())
+                && inner
+                    .and_then(|r| r.status())
+                    .is_some_and(|s| s.is_client_error())
+            {
+                SourceError::Rejected {
+                    upstream,
+                    query: query.to_string(),
+                    detail: error_chain(&c),
+                }
+            } else {
+                SourceError::Unavailable {
+                    upstream,
+                    detail: error_chain(&c),
+                }
+            }
+        }
+        other => SourceError::Garbage {
+            upstream,
+            detail: other.to_string(),
+        },
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        let _ = write!(s, ": {inner}");
+        cur = inner.source();
+    }
+    s
+}
+
+fn index_from(server: &Server, labels: &Labels, data: Data) -> Result<FamilyIndex, SourceError> {
+    let garbage = |detail: String| SourceError::Garbage {
+        upstream: format!("Prometheus {}", server.address),
+        detail,
+    };
+    let Data::Vector(vector) = data else {
+        return Err(garbage("expected an instant vector".into()));
+    };
+    let mut values = Vec::with_capacity(vector.len());
+    for v in vector {
+        let value = v.sample().value();
+        if !value.is_finite() || value < 0.0 {
+            return Err(garbage(format!(
+                "series {:?} has value {value}",
+                v.metric()
+            )));
+        }
+        let metric = v.metric();
+        let get = |k: &str| metric.get(k).cloned().unwrap_or_default();
+        values.push((
+            ModelKey {
+                namespace: get(&labels.namespace_label),
+                model: get(MODEL_LABEL),
+            },
+            value,
+        ));
+    }
+    Ok(FamilyIndex::from_pod_values(values))
+}
+
+fn single_value(server: &Server, query: &str, data: Data) -> Result<Option<f64>, SourceError> {
+    let garbage = |detail: String| SourceError::Garbage {
+        upstream: format!("Prometheus {}", server.address),
+        detail: format!("query {query:?}: {detail}"),
+    };
+    let value = match data {
+        Data::Scalar(s) => Some(s.value()),
+        Data::Vector(v) if v.is_empty() => None,
+        Data::Vector(v) if v.len() == 1 => Some(v[0].sample().value()),
+        Data::Vector(v) => {
+            return Err(garbage(format!(
+                "must return one element, returned {}",
+                v.len()
+            )));
+        }
+        Data::Matrix(_) => return Err(garbage("returned a range vector".into())),
+    };
+    match value {
+        Some(x) if !x.is_finite() || x < 0.0 => Err(garbage(format!("returned {x}"))),
+        other => Ok(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels() -> Labels {
+        Labels {
+            namespace_label: "namespace".into(),
+            pod_label: "pod".into(),
+            matchers: vec![("job".into(), "vllm \"x\"".into())],
+        }
+    }
+
+    #[test]
+    fn family_queries_group_per_pod_and_read_both_kv_cache_names() {
+        let l = labels();
+        assert_eq!(
+            family_query(Family::Waiting, &l, "1m"),
+            r#"sum by (namespace, model_name, pod) (vllm:num_requests_waiting{job="vllm \"x\""})"#
+        );
+        assert_eq!(
+            family_query(Family::KvCache, &l, "1m"),
+            r#"avg by (namespace, model_name, pod) (vllm:kv_cache_usage_perc{job="vllm \"x\""} or vllm:gpu_cache_usage_perc{job="vllm \"x\""})"#
+        );
+        assert_eq!(
+            family_query(Family::GenerationTokens, &l, "2m"),
+            r#"sum by (namespace, model_name, pod) (rate(vllm:generation_tokens_total{job="vllm \"x\""}[2m]))"#
+        );
+    }
+
+    #[test]
+    fn basic_credentials_are_base64_encoded() {
+        assert_eq!(base64_encode(b"user:pass"), "dXNlcjpwYXNz");
+        assert_eq!(base64_encode(b"a"), "YQ==");
+        assert_eq!(base64_encode(b"ab"), "YWI=");
+        assert_eq!(base64_encode(b""), "");
+    }
+}

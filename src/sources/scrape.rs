@@ -1,0 +1,416 @@
+//! Reads vLLM metrics straight from the pods' `/metrics`: no Prometheus scrape interval in the
+//! way, so this is the low-latency path and the default when no Prometheus exists.
+//!
+//! One scrape pass (every pod once, concurrently, each bounded by the timeout) serves every
+//! family and every ScaledObject that points at the same pods, shared through the coalescing
+//! cache. A pod that cannot be scraped fails the whole pass: reporting the other pods alone would
+//! under-report demand exactly when pods are too loaded to answer.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use super::{
+    Family, FamilyIndex, ModelKey, SourceError,
+    cache::Coalescer,
+    discovery::{Discovery, Endpoint},
+    exposition::{self, PodReadings},
+    metrics::SourceMetrics,
+    rates::CounterRates,
+};
+
+/// Where the pods are.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Pods {
+    /// The ready endpoints of a Service (found from its EndpointSlices).
+    Service {
+        namespace: String,
+        name: String,
+        /// Port name or number; `None` takes the first port.
+        port: Option<String>,
+    },
+    /// A fixed list of `host:port`.
+    Static(Vec<String>),
+}
+
+/// A set of pods and how to scrape them. Equal values share scrapes and rate history.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Target {
+    pub pods: Pods,
+    /// `http` or `https`.
+    pub scheme: String,
+    /// Metrics path, normally `/metrics`.
+    pub path: String,
+    /// Bound on each pod's scrape (and on the first EndpointSlice list).
+    pub timeout: Duration,
+    /// Only samples carrying all these labels are read.
+    pub matchers: Vec<(String, String)>,
+    /// Token rates are computed over about this long (at least the last two scrapes).
+    pub rate_window: Duration,
+}
+
+impl Target {
+    /// A short description for errors and logs.
+    pub fn describe(&self) -> String {
+        match &self.pods {
+            Pods::Service {
+                namespace, name, ..
+            } => format!("pods of service {namespace}/{name}"),
+            Pods::Static(list) => format!("endpoints {}", list.join(",")),
+        }
+    }
+
+    fn namespace(&self) -> &str {
+        match &self.pods {
+            Pods::Service { namespace, .. } => namespace,
+            Pods::Static(_) => "",
+        }
+    }
+}
+
+/// The outcome of one scrape pass over a target's pods.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Per family, per-model totals over the pods.
+    pub families: HashMap<Family, FamilyIndex>,
+    /// Pods scraped.
+    pub pods: usize,
+    /// Token counters were found but no pod has two samples yet, so no rate is known.
+    pub rates_warming_up: bool,
+}
+
+/// Token-counter histories per target, keyed by (pod address, model).
+type RateBook = Mutex<HashMap<Target, CounterRates<(String, String)>>>;
+
+/// Scrapes pods and remembers counter histories per target.
+pub struct ScrapeSource {
+    http: reqwest::Client,
+    discovery: Arc<Discovery>,
+    cache: Coalescer<Target, Snapshot>,
+    rates: Arc<RateBook>,
+    epoch: Instant,
+    metrics: SourceMetrics,
+}
+
+/// Gap between the two scrapes of a target seen for the first time, so token rates exist
+/// from the first answer. Long enough for a counter to move, short against KEDA's 30 s poll.
+const WARMUP_GAP: Duration = Duration::from_millis(1000);
+
+impl ScrapeSource {
+    /// Scrape passes are reused for `ttl`.
+    pub fn new(
+        ttl: Duration,
+        discovery: Arc<Discovery>,
+        metrics: SourceMetrics,
+    ) -> Result<Self, SourceError> {
+        let http = reqwest::Client::builder()
+            .build()
+            .map_err(|e| SourceError::NotConfigured(format!("cannot build HTTP client: {e}")))?;
+        Ok(Self {
+            http,
+            discovery,
+            cache: Coalescer::new(ttl),
+            rates: Arc::new(Mutex::new(HashMap::new())),
+            epoch: Instant::now(),
+            metrics,
+        })
+    }
+
+    /// The latest snapshot of `target`, shared with every concurrent and recent caller.
+    pub async fn snapshot(&self, target: &Target) -> Result<Arc<Snapshot>, SourceError> {
+        let http = self.http.clone();
+        let discovery = self.discovery.clone();
+        let rates = self.rates.clone();
+        let window = target.rate_window.as_secs_f64();
+        let epoch = self.epoch;
+        let metrics = self.metrics.clone();
+        let target_c = target.clone();
+        self.cache
+            .get_or_fetch(target, move || async move {
+                let first_time = !rates
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .contains_key(&target_c);
+                let mut snapshot = scrape_pass(
+                    &http, &discovery, &target_c, &rates, window, epoch, &metrics,
+                )
+                .await?;
+                if first_time && snapshot.rates_warming_up {
+                    tokio::time::sleep(WARMUP_GAP).await;
+                    snapshot = scrape_pass(
+                        &http, &discovery, &target_c, &rates, window, epoch, &metrics,
+                    )
+                    .await?;
+                }
+                Ok(snapshot)
+            })
+            .await
+    }
+}
+
+async fn scrape_pass(
+    http: &reqwest::Client,
+    discovery: &Discovery,
+    target: &Target,
+    rates: &RateBook,
+    window: f64,
+    epoch: Instant,
+    metrics: &SourceMetrics,
+) -> Result<Snapshot, SourceError> {
+    let endpoints = match &target.pods {
+        Pods::Static(list) => list
+            .iter()
+            .map(|a| Endpoint {
+                address: a.clone(),
+                name: a.clone(),
+            })
+            .collect(),
+        Pods::Service {
+            namespace,
+            name,
+            port,
+        } => {
+            discovery
+                .endpoints(namespace, name, port.as_deref(), target.timeout)
+                .await?
+        }
+    };
+    let scrapes = futures::future::join_all(
+        endpoints
+            .iter()
+            .map(|ep| scrape_pod(http, target, ep, metrics)),
+    )
+    .await;
+    let now = epoch.elapsed().as_secs_f64();
+    let mut pods: Vec<(&Endpoint, PodReadings)> = Vec::with_capacity(scrapes.len());
+    for (ep, result) in endpoints.iter().zip(scrapes) {
+        pods.push((ep, result?));
+    }
+    Ok(summarise(target, &pods, rates, window, now))
+}
+
+fn summarise(
+    target: &Target,
+    pods: &[(&Endpoint, PodReadings)],
+    rates: &RateBook,
+    window: f64,
+    now: f64,
+) -> Snapshot {
+    let ns = target.namespace();
+    let key = |model: &str| ModelKey {
+        namespace: ns.to_string(),
+        model: model.to_string(),
+    };
+    let mut waiting = Vec::new();
+    let mut running = Vec::new();
+    let mut kv = Vec::new();
+    let mut counters = Vec::new();
+    for (ep, readings) in pods {
+        for (model, r) in readings {
+            if let Some(v) = r.waiting {
+                waiting.push((key(model), v));
+            }
+            if let Some(v) = r.running {
+                running.push((key(model), v));
+            }
+            if let Some(v) = r.kv_cache {
+                kv.push((key(model), v));
+            }
+            if let Some(v) = r.generation_tokens_total {
+                counters.push(((ep.address.clone(), model.clone()), v));
+            }
+        }
+    }
+    let mut all_rates = rates.lock().unwrap_or_else(|p| p.into_inner());
+    let tracker = all_rates
+        .entry(target.clone())
+        .or_insert_with(|| CounterRates::new(window));
+    tracker.observe(now, counters.iter().cloned());
+    let token_rates: Vec<(ModelKey, f64)> = counters
+        .iter()
+        .filter_map(|(id, _)| tracker.rate(id).map(|r| (key(&id.1), r)))
+        .collect();
+    let rates_warming_up = !counters.is_empty() && token_rates.is_empty();
+    let mut families = HashMap::new();
+    families.insert(Family::Waiting, FamilyIndex::from_pod_values(waiting));
+    families.insert(Family::Running, FamilyIndex::from_pod_values(running));
+    families.insert(Family::KvCache, FamilyIndex::from_pod_values(kv));
+    families.insert(
+        Family::GenerationTokens,
+        FamilyIndex::from_pod_values(token_rates),
+    );
+    Snapshot {
+        families,
+        pods: pods.len(),
+        rates_warming_up,
+    }
+}
+
+/// Response bodies larger than this are refused: a vLLM exposition is tens of KiB, so anything
+/// this large is not one (and must not exhaust memory).
+const MAX_BODY_BYTES: usize = 8 << 20;
+
+async fn scrape_pod(
+    http: &reqwest::Client,
+    target: &Target,
+    ep: &Endpoint,
+    metrics: &SourceMetrics,
+) -> Result<PodReadings, SourceError> {
+    let started = Instant::now();
+    let result = scrape_pod_inner(http, target, ep).await;
+    metrics.observe("scrape", "all", result.as_ref().err(), started.elapsed());
+    result
+}
+
+async fn scrape_pod_inner(
+    http: &reqwest::Client,
+    target: &Target,
+    ep: &Endpoint,
+) -> Result<PodReadings, SourceError> {
+    let url = format!("{}://{}{}", target.scheme, ep.address, target.path);
+    let upstream = format!("pod {} ({url})", ep.name);
+    let fetch = async {
+        let response = http
+            .get(&url)
+            .send()
+            .await
+            .map_err(|e| SourceError::Unavailable {
+                upstream: upstream.clone(),
+                detail: e.to_string(),
+            })?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(SourceError::Unavailable {
+                upstream: upstream.clone(),
+                detail: format!("HTTP {status}"),
+            });
+        }
+        if response
+            .content_length()
+            .is_some_and(|n| n > MAX_BODY_BYTES as u64)
+        {
+            return Err(SourceError::Garbage {
+                upstream: upstream.clone(),
+                detail: "response too large".into(),
+            });
+        }
+        response.text().await.map_err(|e| SourceError::Unavailable {
+            upstream: upstream.clone(),
+            detail: e.to_string(),
+        })
+    };
+    let body = tokio::time::timeout(target.timeout, fetch)
+        .await
+        .map_err(|_| SourceError::Timeout {
+            upstream: upstream.clone(),
+            after: target.timeout,
+        })??;
+    if body.len() > MAX_BODY_BYTES {
+        return Err(SourceError::Garbage {
+            upstream,
+            detail: "response too large".into(),
+        });
+    }
+    exposition::parse(&body, &target.matchers).map_err(|e| SourceError::Garbage {
+        upstream,
+        detail: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sources::{Selection, exposition::ModelReadings};
+
+    fn readings(model: &str, waiting: f64, kv: f64, tokens: f64) -> PodReadings {
+        let mut r = PodReadings::new();
+        r.insert(
+            model.into(),
+            ModelReadings {
+                waiting: Some(waiting),
+                running: Some(1.0),
+                kv_cache: Some(kv),
+                generation_tokens_total: Some(tokens),
+            },
+        );
+        r
+    }
+
+    fn target() -> Target {
+        Target {
+            pods: Pods::Static(vec!["a:1".into(), "b:1".into()]),
+            scheme: "http".into(),
+            path: "/metrics".into(),
+            timeout: Duration::from_secs(1),
+            matchers: vec![],
+            rate_window: Duration::from_secs(30),
+        }
+    }
+
+    fn all() -> Selection {
+        Selection {
+            namespace: None,
+            model: Some("m".into()),
+        }
+    }
+
+    #[test]
+    fn pods_are_summed_and_token_rates_need_two_passes() {
+        let rates = Mutex::new(HashMap::new());
+        let (a, b) = (
+            Endpoint {
+                address: "a:1".into(),
+                name: "a".into(),
+            },
+            Endpoint {
+                address: "b:1".into(),
+                name: "b".into(),
+            },
+        );
+        let t = target();
+        let first = summarise(
+            &t,
+            &[
+                (&a, readings("m", 2.0, 0.5, 100.0)),
+                (&b, readings("m", 3.0, 0.25, 0.0)),
+            ],
+            &rates,
+            30.0,
+            0.0,
+        );
+        assert!(first.rates_warming_up);
+        let w = first.families[&Family::Waiting]
+            .select(&all())
+            .expect("some");
+        assert_eq!((w.total, w.pods), (5.0, 2));
+        assert_eq!(
+            first.families[&Family::KvCache]
+                .select(&all())
+                .map(|a| a.total),
+            Some(0.75)
+        );
+        assert_eq!(
+            first.families[&Family::GenerationTokens].select(&all()),
+            None
+        );
+
+        // 10 s later: a restarted (counter reset to 40), b produced 200 tokens.
+        let second = summarise(
+            &t,
+            &[
+                (&a, readings("m", 0.0, 0.5, 40.0)),
+                (&b, readings("m", 0.0, 0.25, 200.0)),
+            ],
+            &rates,
+            30.0,
+            10.0,
+        );
+        assert!(!second.rates_warming_up);
+        let g = second.families[&Family::GenerationTokens]
+            .select(&all())
+            .expect("rates");
+        assert_eq!(g.total, 4.0 + 20.0);
+    }
+}

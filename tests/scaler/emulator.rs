@@ -1,0 +1,152 @@
+//! A vLLM metrics emulator: serves vLLM's Prometheus exposition on 127.0.0.1 with values the
+//! test changes while it runs, under the new (≥ 0.9.2) or old KV-cache metric name, with any
+//! number of data-parallel engines, and can misbehave (slow, garbage, HTTP 500).
+
+use std::{
+    fmt::Write as _,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+use tokio_util::sync::CancellationToken;
+
+/// One engine's readings.
+#[derive(Clone, Debug, Default)]
+pub struct Engine {
+    pub waiting: f64,
+    pub running: f64,
+    pub kv_cache: f64,
+    pub generation_tokens_total: f64,
+}
+
+/// How the emulator answers.
+#[derive(Clone, Debug, Default)]
+pub enum Behaviour {
+    #[default]
+    Normal,
+    Slow(Duration),
+    Garbage,
+    ServerError,
+}
+
+#[derive(Debug)]
+struct EmuState {
+    model: String,
+    old_names: bool,
+    engines: Vec<Engine>,
+    behaviour: Behaviour,
+}
+
+/// A running emulator; stops when dropped.
+pub struct Emulator {
+    pub addr: SocketAddr,
+    state: Arc<Mutex<EmuState>>,
+    stop: CancellationToken,
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Emulator {
+    /// Starts an emulator for `model` with `engines` engines, all idle.
+    pub async fn start(model: &str, engines: usize, old_names: bool) -> Self {
+        let state = Arc::new(Mutex::new(EmuState {
+            model: model.to_string(),
+            old_names,
+            engines: vec![Engine::default(); engines],
+            behaviour: Behaviour::Normal,
+        }));
+        let app = Router::new()
+            .route("/metrics", get(metrics))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind emulator");
+        let addr = listener.local_addr().expect("addr");
+        let stop = CancellationToken::new();
+        let token = stop.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { token.cancelled().await })
+                .await;
+        });
+        Self { addr, state, stop }
+    }
+
+    /// `host:port` for an `endpoints` list.
+    pub fn endpoint(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// Changes one engine's readings.
+    pub fn set(&self, engine: usize, f: impl FnOnce(&mut Engine)) {
+        let mut s = self.state.lock().expect("lock");
+        f(&mut s.engines[engine]);
+    }
+
+    /// Changes how the emulator answers.
+    pub fn behave(&self, b: Behaviour) {
+        self.state.lock().expect("lock").behaviour = b;
+    }
+}
+
+async fn metrics(State(state): State<Arc<Mutex<EmuState>>>) -> impl IntoResponse {
+    let (behaviour, body) = {
+        let s = state.lock().expect("lock");
+        (s.behaviour.clone(), render(&s))
+    };
+    match behaviour {
+        Behaviour::Normal => (StatusCode::OK, body).into_response(),
+        Behaviour::Slow(d) => {
+            tokio::time::sleep(d).await;
+            (StatusCode::OK, body).into_response()
+        }
+        Behaviour::Garbage => (
+            StatusCode::OK,
+            "<html><body>502 Bad Gateway</body></html>\n",
+        )
+            .into_response(),
+        Behaviour::ServerError => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "engine dead\n").into_response()
+        }
+    }
+}
+
+/// Reads one value from an engine.
+type Reading = fn(&Engine) -> f64;
+
+fn render(s: &EmuState) -> String {
+    let mut out = String::new();
+    let kv_name = if s.old_names {
+        "vllm:gpu_cache_usage_perc"
+    } else {
+        "vllm:kv_cache_usage_perc"
+    };
+    let families: [(&str, &str, Reading); 4] = [
+        ("vllm:num_requests_running", "gauge", |e| e.running),
+        ("vllm:num_requests_waiting", "gauge", |e| e.waiting),
+        (kv_name, "gauge", |e| e.kv_cache),
+        ("vllm:generation_tokens_total", "counter", |e| {
+            e.generation_tokens_total
+        }),
+    ];
+    for (name, kind, get) in families {
+        let _ = writeln!(out, "# HELP {name} emulated");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (i, e) in s.engines.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{name}{{engine=\"{i}\",model_name=\"{}\"}} {:?}",
+                s.model,
+                get(e)
+            );
+        }
+    }
+    out.push_str("# HELP process_cpu_seconds_total CPU\n# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1.5\n");
+    out
+}

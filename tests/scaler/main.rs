@@ -1,0 +1,7 @@
+//! Integration tests of the KEDA external scaler: real gRPC on loopback, a vLLM-metrics
+//! emulator.
+
+mod emulator;
+mod grpc;
+mod harness;
+mod real_prometheus;
