@@ -365,3 +365,16 @@ fn every_example_trigger_names_the_scaler_and_a_target() {
         );
     }
 }
+
+/// No drift between the examples and the code: the metadata of every example trigger, exactly as
+/// KEDA sends it (its own keys included), parses with the scaler's own parser.
+#[test]
+fn example_scaled_object_metadata_parses_with_the_scalers_parser() {
+    let Some(ws) = Workspace::new() else { return };
+    for (namespace, name, metadata) in example_scaler_requests(&ws) {
+        let raw: std::collections::HashMap<String, String> = metadata.into_iter().collect();
+        if let Err(e) = nightshift::scaler::metadata::parse(&raw, &namespace) {
+            panic!("{namespace}/{name}: {e}");
+        }
+    }
+}
