@@ -705,3 +705,39 @@ fn schema_check_reports_unknown_and_mistyped_fields() {
     let custom = serde_json::json!({"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject"});
     assert_eq!(schema::check(&custom), None);
 }
+
+/// Every NIGHTSHIFT_* variable the Deployment sets is an option of `nightshift run` (a renamed
+/// flag would otherwise be silently ignored in the cluster).
+#[test]
+fn deployment_environment_names_only_options_of_nightshift_run() {
+    use clap::CommandFactory;
+    // Options of the GPU-pool controller: `nightshift run` reads them once the pool controller is
+    // part of it; until then they are inert.
+    const POOL_OPTIONS: [&str; 2] = [
+        "NIGHTSHIFT_POOL_LEASE_NAMESPACE",
+        "NIGHTSHIFT_POOL_IDENTITY",
+    ];
+
+    let Some(ws) = workspace() else { return };
+    let base = ws.render("manifests/base");
+    let container = the_container(base.get("Deployment", "nightshift"));
+    let cli = nightshift::cli::Cli::command();
+    let run = cli.find_subcommand("run").expect("run subcommand");
+    let known: Vec<String> = cli
+        .get_arguments()
+        .chain(run.get_arguments())
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .collect();
+    let pool_known = POOL_OPTIONS.iter().any(|o| known.iter().any(|k| k == o));
+    for var in container["env"].as_array().expect("env") {
+        let name = var["name"].as_str().expect("name");
+        if !name.starts_with("NIGHTSHIFT_") || (!pool_known && POOL_OPTIONS.contains(&name)) {
+            continue;
+        }
+        assert!(
+            known.iter().any(|k| k == name),
+            "{name} is not an option of `nightshift run`"
+        );
+    }
+}
