@@ -5,7 +5,7 @@ use std::{process::ExitCode, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{admin::AdminArgs, cluster, runtime::Context, telemetry::LogArgs};
+use crate::{admin::AdminArgs, cluster, runtime::Context, sim::SimArgs, telemetry::LogArgs};
 
 /// nightshift: lend idle LLM-inference GPUs to research jobs, take them back when inference
 /// needs them.
@@ -23,6 +23,9 @@ pub struct Cli {
 pub enum Command {
     /// Run every component: KEDA scaler, admission webhook and GPU-pool controller.
     Run(RunArgs),
+    /// Replay a request trace against a simulated cluster and compare how many GPU-hours each
+    /// policy lends to research, at what cost to inference.
+    Simulate(SimArgs),
 }
 
 /// Options of `nightshift run`.
@@ -61,6 +64,10 @@ impl Cli {
         }
         let outcome = match self.command {
             Command::Run(args) => run_all(args).await,
+            Command::Simulate(args) => tokio::task::spawn_blocking(move || crate::sim::run(args))
+                .await
+                .map_err(anyhow::Error::from)
+                .and_then(|r| r.map_err(anyhow::Error::from)),
         };
         match outcome {
             Ok(()) => ExitCode::SUCCESS,
