@@ -105,10 +105,10 @@ pub struct ModelConfig {
     /// vLLM's `max_num_batched_tokens` default for the OpenAI server on A100 (vLLM engine
     /// arguments: 2048 outside H100/H200-class GPUs), the chunked-prefill token budget.
     pub max_num_batched_tokens: u32,
-    /// Seconds from a pod being bound to a node to serving: image pull (30–60 s when not cached)
-    /// + 140 GB weights from node-local NVMe (30–60 s) + engine warm-up and CUDA-graph capture
-    /// (kunwar.page "The model cold-start problem and pre-cached weights"; Spheron's KEDA/Knative
-    /// guide reports 3–10 min). 180 s assumes weights cached on the node.
+    /// Seconds from a pod being bound to a node to serving: image pull (30–60 s when not
+    /// cached), 140 GB of weights from node-local NVMe (30–60 s), engine warm-up and CUDA-graph
+    /// capture (kunwar.page "The model cold-start problem and pre-cached weights"; Spheron's
+    /// KEDA/Knative guide reports 3–10 min). 180 s assumes weights cached on the node.
     pub startup_s: f64,
 }
 

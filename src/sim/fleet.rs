@@ -294,8 +294,8 @@ impl Replica {
 
 /// Advances every serving replica to `end`, always moving the one furthest behind so that the
 /// shared queue is served in time order.
-pub fn run_until<'a>(
-    replicas: &mut [&'a mut Replica],
+pub fn run_until(
+    replicas: &mut [&mut Replica],
     queue: &mut VecDeque<Queued>,
     end: f64,
     perf: &Perf,
