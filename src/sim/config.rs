@@ -362,17 +362,19 @@ impl NightshiftConfig {
 
 impl Default for NightshiftConfig {
     fn default() -> Self {
-        // Per-replica load at which one replica still meets a 1 s queue-wait p99 in this fleet
-        // model: the replica saturates near 600 generated tokens/s on the conversation mix
-        // (prefill-bound), so 60 % of that; the queue target catches bursts the rate lags.
+        // Tuned as a user would, on the default scenario: a replica of this model saturates
+        // near 700 generated tokens/s on the conversation mix (prefill-bound), so 425 keeps it
+        // at about 60 % and absorbs the trace's 10-second bursts during the 180 s a new replica
+        // needs; the queue target (5, as in vLLM production-stack) catches bursts the 30 s rate
+        // lags. No headroom: a scale-up waits out a 30 s grace period at most.
         NightshiftConfig {
             waiting: Some(5.0),
             running: None,
             kv_cache: None,
-            generation_tokens: Some(360.0),
+            generation_tokens: Some(425.0),
             source: MetricSource::Scrape,
             rate_window_s: 30.0,
-            headroom_gpus: 4,
+            headroom_gpus: 0,
         }
     }
 }

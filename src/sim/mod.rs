@@ -36,13 +36,13 @@ use crate::scaler::demand::{self, DemandError, Totals};
 pub enum SimError {
     #[error(transparent)]
     Trace(#[from] TraceError),
-    #[error("cannot read scenario {path}: {source}")]
+    #[error("cannot read scenario {path}")]
     ReadScenario {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("scenario {path} is not valid: {source}")]
+    #[error("scenario {path} is not valid")]
     ParseScenario {
         path: PathBuf,
         #[source]
@@ -50,9 +50,9 @@ pub enum SimError {
     },
     #[error("scenario: {0}")]
     Invalid(String),
-    #[error("scenario: policies.nightshift targets: {0}")]
+    #[error("scenario: policies.nightshift targets are not valid")]
     Targets(#[source] DemandError),
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}")]
     Write {
         path: PathBuf,
         #[source]

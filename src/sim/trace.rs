@@ -11,7 +11,7 @@ use jiff::civil::DateTime;
 /// Why a trace could not be read. Every variant names the line so the file can be fixed.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    #[error("cannot read trace {path}: {source}")]
+    #[error("cannot read trace {path}")]
     Io {
         path: PathBuf,
         #[source]
