@@ -10,6 +10,7 @@ use crate::{
     cluster,
     runtime::Context,
     scaler::{self, ScalerArgs},
+    sim::SimArgs,
     telemetry::LogArgs,
     webhook::{self, WebhookArgs, certs},
 };
@@ -37,6 +38,9 @@ pub enum Command {
     /// Manage the webhook's TLS certificates.
     #[command(subcommand)]
     Certs(CertsCommand),
+    /// Replay a request trace against a simulated cluster and compare how many GPU-hours each
+    /// policy lends to research, at what cost to inference.
+    Simulate(SimArgs),
 }
 
 /// Options of `nightshift scaler`.
@@ -118,6 +122,10 @@ impl Cli {
             Command::Scaler(args) => run_scaler(args).await,
             Command::Webhook(args) => run_webhook(args).await,
             Command::Certs(CertsCommand::Generate(args)) => generate_certs(&args),
+            Command::Simulate(args) => tokio::task::spawn_blocking(move || crate::sim::run(args))
+                .await
+                .map_err(anyhow::Error::from)
+                .and_then(|r| r.map_err(anyhow::Error::from)),
         };
         match outcome {
             Ok(()) => ExitCode::SUCCESS,

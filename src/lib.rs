@@ -18,6 +18,7 @@ pub mod cli;
 pub mod cluster;
 pub mod runtime;
 pub mod scaler;
+pub mod sim;
 pub mod sources;
 pub mod telemetry;
 pub mod webhook;

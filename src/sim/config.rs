@@ -1,0 +1,522 @@
+//! The simulated scenario: fleet, autoscaling, GPU pool, research jobs, SLO and the policies to
+//! compare. Every default cites where its value comes from; every field can be overridden from a
+//! TOML file (`nightshift simulate --config scenario.toml`; `--print-config` shows them all).
+
+use serde::{Deserialize, Serialize};
+
+use crate::scaler::demand::Targets;
+
+/// Everything a run depends on besides the trace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Scenario {
+    pub run: RunConfig,
+    pub envelope: EnvelopeConfig,
+    pub model: ModelConfig,
+    pub autoscaling: AutoscalingConfig,
+    pub prometheus: PrometheusConfig,
+    pub pool: PoolConfig,
+    pub research: ResearchConfig,
+    pub slo: SloConfig,
+    pub policies: PoliciesConfig,
+}
+
+/// Length, seed and time step of the run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunConfig {
+    /// Simulated days, starting at midnight.
+    pub days: f64,
+    /// Chooses where in the trace the replay starts.
+    pub seed: u64,
+    /// Control step in seconds. Requests are timed exactly within a step; autoscaling, pool and
+    /// research decisions happen at step boundaries. 1 s is finer than any of them react
+    /// (HPA sync 15 s, scrape 15 s, start-up minutes).
+    pub step_s: f64,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            days: 7.0,
+            seed: 1,
+            step_s: 1.0,
+        }
+    }
+}
+
+/// The 24-hour shape of traffic, as multipliers of the trace's own arrival rate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EnvelopeConfig {
+    /// Multiplier at each hour h:00 (linear in between), 24 values.
+    pub hourly: Vec<f64>,
+}
+
+impl Default for EnvelopeConfig {
+    fn default() -> Self {
+        // Shaped like the deployment that motivates nightshift: busy daytime, low 20:00–08:00,
+        // when about 52 of 64 GPUs sat idle (≈ 3 of 16 four-GPU replicas busy). At 1× the Azure
+        // conversation trace (5.4 req/s, ≈ 7.4k tokens/s) this fleet model needs 2 replicas on
+        // average, so night = 1×. The daytime plateau of 4× needs ≈ 7 replicas on average; its
+        // 10-second bursts (up to 2.6× the hour's mean in the trace) fill the 16-replica fleet
+        // a team provisioning for peak would run.
+        EnvelopeConfig {
+            hourly: vec![
+                1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, // 00–07
+                1.0, 2.5, 3.5, 4.0, 4.0, 4.0, 4.0, 4.0, // 08–15
+                4.0, 3.5, 2.5, 1.5, 1.0, 1.0, 1.0, 1.0, // 16–23
+            ],
+        }
+    }
+}
+
+/// One vLLM replica serving Llama-2-70B (bf16) with tensor parallelism 4 on 4× A100-SXM4-80GB.
+///
+/// Iteration model (continuous batching with chunked prefill): an engine step that decodes `n`
+/// sequences holding `kv` tokens of KV cache and prefills `p` prompt tokens takes
+/// `max(decode_step_s + kv × kv_read_s_per_token, (n + p) / prefill_tokens_per_s)`: the larger
+/// of reading the weights and the KV cache from HBM and the matrix arithmetic. `n + p` is capped
+/// by `max_num_batched_tokens`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Model and hardware, for reports.
+    pub name: String,
+    /// GPUs per replica (tensor parallelism); the motivating deployment used 4.
+    pub gpus_per_replica: u32,
+    /// Tokens per second when compute-bound: 4 × 312 TFLOPS (A100 bf16 dense, NVIDIA A100
+    /// datasheet) × 50 % model-FLOPs utilisation / (2 × 69 × 10⁹ FLOPs per token, Llama-2-70B).
+    pub prefill_tokens_per_s: f64,
+    /// Seconds per decode step to read the weights: 138 GB / 4 GPUs / (2.039 TB/s HBM2e, NVIDIA
+    /// A100-80GB SXM datasheet × 55 % bandwidth utilisation, the figure Databricks' "LLM
+    /// Inference Performance Engineering: Best Practices" (2023) reports at 4-way tensor
+    /// parallelism).
+    pub decode_step_s: f64,
+    /// Seconds per decode step per KV token: 327,680 bytes per token (2 × 80 layers × 8 KV
+    /// heads × 128 dims × 2 bytes, Llama-2-70B config.json) / 4 GPUs / (2.039 TB/s × 55 %).
+    pub kv_read_s_per_token: f64,
+    /// KV-cache capacity in tokens: 4 × 80 GB × 0.9 (vLLM's default `gpu_memory_utilization`)
+    /// − 138 GB of weights − ≈ 19 GB activations and CUDA graphs = ≈ 131 GB / 327,680 bytes.
+    pub kv_capacity_tokens: f64,
+    /// vLLM's `max_num_seqs` default for the OpenAI server on A100 (vLLM engine arguments:
+    /// 256 outside H100/H200-class GPUs).
+    pub max_num_seqs: u32,
+    /// vLLM's `max_num_batched_tokens` default for the OpenAI server on A100 (vLLM engine
+    /// arguments: 2048 outside H100/H200-class GPUs), the chunked-prefill token budget.
+    pub max_num_batched_tokens: u32,
+    /// Seconds from a pod being bound to a node to serving: image pull (30–60 s when not
+    /// cached), 140 GB of weights from node-local NVMe (30–60 s), engine warm-up and CUDA-graph
+    /// capture (kunwar.page "The model cold-start problem and pre-cached weights"; Spheron's
+    /// KEDA/Knative guide reports 3–10 min). 180 s assumes weights cached on the node.
+    pub startup_s: f64,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            name: "Llama-2-70B bf16, TP=4 on 4x A100-SXM4-80GB, vLLM".to_owned(),
+            gpus_per_replica: 4,
+            prefill_tokens_per_s: 4_500.0,
+            decode_step_s: 0.031,
+            kv_read_s_per_token: 7.3e-8,
+            kv_capacity_tokens: 400_000.0,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 2048,
+            startup_s: 180.0,
+        }
+    }
+}
+
+/// KEDA and HorizontalPodAutoscaler behaviour, shared by the autoscaled policies.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AutoscalingConfig {
+    /// ScaledObject `minReplicaCount`: 1, since scaling a model to zero needs a router metric
+    /// (vLLM production-stack notes).
+    pub min_replicas: u32,
+    /// ScaledObject `maxReplicaCount`: the 16 replicas (64 GPUs) provisioned for peak.
+    pub max_replicas: u32,
+    /// Replicas running at the start (warm).
+    pub initial_replicas: u32,
+    /// HPA sync period (kube-controller-manager `--horizontal-pod-autoscaler-sync-period`, 15 s).
+    pub hpa_sync_s: f64,
+    /// HPA tolerance (`--horizontal-pod-autoscaler-tolerance`, 0.1).
+    pub tolerance: f64,
+    /// HPA `behavior.scaleUp.stabilizationWindowSeconds` default (0).
+    pub scale_up_window_s: f64,
+    /// HPA `behavior.scaleDown.stabilizationWindowSeconds` default (300); vLLM production-stack
+    /// uses the same.
+    pub scale_down_window_s: f64,
+    /// HPA default scale-up policy: add up to 4 pods or 100 % per period, whichever is more.
+    pub scale_up_pods: u32,
+    pub scale_up_percent: f64,
+    /// HPA default scale-down policy: remove up to 100 % per period.
+    pub scale_down_percent: f64,
+    /// KEDA `pollingInterval` (30 s default). With `use_cached_metrics` the HPA reads the value
+    /// KEDA polled last; otherwise (KEDA's default) each HPA sync queries the scaler.
+    pub keda_polling_s: f64,
+    pub use_cached_metrics: bool,
+}
+
+impl Default for AutoscalingConfig {
+    fn default() -> Self {
+        AutoscalingConfig {
+            min_replicas: 1,
+            max_replicas: 16,
+            initial_replicas: 4,
+            hpa_sync_s: 15.0,
+            tolerance: 0.1,
+            scale_up_window_s: 0.0,
+            scale_down_window_s: 300.0,
+            scale_up_pods: 4,
+            scale_up_percent: 100.0,
+            scale_down_percent: 100.0,
+            keda_polling_s: 30.0,
+            use_cached_metrics: false,
+        }
+    }
+}
+
+/// Prometheus, for the policies that read metrics through it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrometheusConfig {
+    /// Scrape interval: 15 s, the low end of the 15–30 s lag Prometheus-based scaling paths show
+    /// (keda-gpu-scaler's measurements).
+    pub scrape_interval_s: f64,
+    /// Window of `rate()` for counters (`[1m]`, the usual dashboard window).
+    pub rate_window_s: f64,
+}
+
+impl Default for PrometheusConfig {
+    fn default() -> Self {
+        PrometheusConfig {
+            scrape_interval_s: 15.0,
+            rate_window_s: 60.0,
+        }
+    }
+}
+
+/// The GPU pool shared by inference and research.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolConfig {
+    /// 8 nodes × 8 GPUs = 64 GPUs, the motivating deployment's peak fleet (DGX/HGX A100 nodes
+    /// carry 8 GPUs).
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            nodes: 8,
+            gpus_per_node: 8,
+        }
+    }
+}
+
+/// The research backlog: always more jobs waiting than GPUs (the motivating team ran ~85 jobs,
+/// ~95,000 GPU-hours in three months).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ResearchConfig {
+    /// GPUs per job: one 4-GPU step (SFT/evaluation scale), the replica's size.
+    pub gpus_per_job: u32,
+    /// Work per job in hours of its GPUs.
+    pub job_hours: f64,
+    /// Seconds between checkpoints; work since the last one is lost on preemption. 30 min is a
+    /// common trainer setting (e.g. `save_steps` sized to ~30 min); set yours.
+    pub checkpoint_interval_s: f64,
+    /// `terminationGracePeriodSeconds` of research pods (Kubernetes default 30 s); the GPUs stay
+    /// held, doing no saved work, until it ends.
+    pub grace_period_s: f64,
+}
+
+impl Default for ResearchConfig {
+    fn default() -> Self {
+        ResearchConfig {
+            gpus_per_job: 4,
+            job_hours: 6.0,
+            checkpoint_interval_s: 1800.0,
+            grace_period_s: 30.0,
+        }
+    }
+}
+
+/// The inference service-level objective.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SloConfig {
+    /// A minute meets the SLO when the p99 queue wait of requests started in it is at most this.
+    pub queue_wait_p99_s: f64,
+}
+
+impl Default for SloConfig {
+    fn default() -> Self {
+        SloConfig {
+            queue_wait_p99_s: 1.0,
+        }
+    }
+}
+
+/// The policies compared, each through the same simulated cluster.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoliciesConfig {
+    pub static_peak: StaticPeakConfig,
+    pub night_window: NightWindowConfig,
+    pub keda_prometheus: KedaPrometheusConfig,
+    pub nightshift: NightshiftConfig,
+}
+
+/// Inference provisioned for peak, always; nothing lent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StaticPeakConfig {
+    pub replicas: u32,
+}
+
+impl Default for StaticPeakConfig {
+    fn default() -> Self {
+        StaticPeakConfig { replicas: 16 }
+    }
+}
+
+/// Inference shrunk to a fixed size during a nightly window; research runs on what is free.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NightWindowConfig {
+    /// 20:00–08:00, the motivating team's first approach.
+    pub start_hour: u32,
+    pub end_hour: u32,
+    /// 3 replicas (12 GPUs) at night: 52 of 64 GPUs were lent.
+    pub night_replicas: u32,
+    pub day_replicas: u32,
+}
+
+impl Default for NightWindowConfig {
+    fn default() -> Self {
+        NightWindowConfig {
+            start_hour: 20,
+            end_hour: 8,
+            night_replicas: 3,
+            day_replicas: 16,
+        }
+    }
+}
+
+/// KEDA's Prometheus scaler on `sum(vllm:num_requests_waiting)` (vLLM production-stack's
+/// default trigger).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KedaPrometheusConfig {
+    /// Trigger `threshold` (production-stack: 5 waiting requests per replica).
+    pub threshold: f64,
+}
+
+impl Default for KedaPrometheusConfig {
+    fn default() -> Self {
+        KedaPrometheusConfig { threshold: 5.0 }
+    }
+}
+
+/// Where nightshift reads vLLM metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricSource {
+    /// Scrapes the pods' `/metrics` when KEDA asks: no Prometheus lag.
+    Scrape,
+    /// Reads them from Prometheus, with its scrape lag.
+    Prometheus,
+}
+
+/// nightshift's composite demand: per-replica targets, source and spare headroom.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NightshiftConfig {
+    /// Per-replica targets of the composite demand (unset = signal not used).
+    pub waiting: Option<f64>,
+    pub running: Option<f64>,
+    pub kv_cache: Option<f64>,
+    pub generation_tokens: Option<f64>,
+    pub source: MetricSource,
+    /// Window over which the generated-token counter is turned into a rate.
+    pub rate_window_s: f64,
+    /// GPUs kept free of research so that a scale-up rarely waits for a preemption.
+    pub headroom_gpus: u32,
+}
+
+impl NightshiftConfig {
+    /// The targets in the live scaler's type.
+    pub fn targets(&self) -> Targets {
+        Targets {
+            waiting: self.waiting,
+            running: self.running,
+            kv_cache: self.kv_cache,
+            generation_tokens: self.generation_tokens,
+        }
+    }
+}
+
+impl Default for NightshiftConfig {
+    fn default() -> Self {
+        // Tuned as a user would, on the default scenario: a replica of this model saturates
+        // near 700 generated tokens/s on the conversation mix (prefill-bound), so 425 keeps it
+        // at about 60 % and absorbs the trace's 10-second bursts during the 180 s a new replica
+        // needs; the queue target (5, as in vLLM production-stack) catches bursts the 30 s rate
+        // lags. No headroom: a scale-up waits out a 30 s grace period at most.
+        NightshiftConfig {
+            waiting: Some(5.0),
+            running: None,
+            kv_cache: None,
+            generation_tokens: Some(425.0),
+            source: MetricSource::Scrape,
+            rate_window_s: 30.0,
+            headroom_gpus: 0,
+        }
+    }
+}
+
+impl Scenario {
+    /// Reads a scenario from TOML; absent fields keep their defaults.
+    pub fn from_toml(text: &str) -> Result<Scenario, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    /// The scenario as TOML, for `--print-config`.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+    }
+
+    /// Checks values no model can run with.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("run.days", self.run.days),
+            ("run.step_s", self.run.step_s),
+            (
+                "model.prefill_tokens_per_s",
+                self.model.prefill_tokens_per_s,
+            ),
+            ("model.decode_step_s", self.model.decode_step_s),
+            ("model.kv_capacity_tokens", self.model.kv_capacity_tokens),
+            ("autoscaling.hpa_sync_s", self.autoscaling.hpa_sync_s),
+            (
+                "autoscaling.keda_polling_s",
+                self.autoscaling.keda_polling_s,
+            ),
+            (
+                "prometheus.scrape_interval_s",
+                self.prometheus.scrape_interval_s,
+            ),
+            ("prometheus.rate_window_s", self.prometheus.rate_window_s),
+            ("research.job_hours", self.research.job_hours),
+            (
+                "research.checkpoint_interval_s",
+                self.research.checkpoint_interval_s,
+            ),
+            ("slo.queue_wait_p99_s", self.slo.queue_wait_p99_s),
+            (
+                "policies.keda_prometheus.threshold",
+                self.policies.keda_prometheus.threshold,
+            ),
+            (
+                "policies.nightshift.rate_window_s",
+                self.policies.nightshift.rate_window_s,
+            ),
+        ];
+        for (name, v) in positive {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(format!(
+                    "{name} must be a finite number above zero, got {v}"
+                ));
+            }
+        }
+        let non_negative = [
+            ("model.kv_read_s_per_token", self.model.kv_read_s_per_token),
+            ("model.startup_s", self.model.startup_s),
+            ("autoscaling.tolerance", self.autoscaling.tolerance),
+            (
+                "autoscaling.scale_up_window_s",
+                self.autoscaling.scale_up_window_s,
+            ),
+            (
+                "autoscaling.scale_down_window_s",
+                self.autoscaling.scale_down_window_s,
+            ),
+            ("research.grace_period_s", self.research.grace_period_s),
+        ];
+        for (name, v) in non_negative {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!("{name} must be a finite number ≥ 0, got {v}"));
+            }
+        }
+        let a = &self.autoscaling;
+        if a.min_replicas == 0 || a.min_replicas > a.max_replicas {
+            return Err(format!(
+                "autoscaling needs 1 ≤ min_replicas ≤ max_replicas, got {} and {}",
+                a.min_replicas, a.max_replicas
+            ));
+        }
+        let m = &self.model;
+        if m.gpus_per_replica == 0 || m.gpus_per_replica > self.pool.gpus_per_node {
+            return Err(format!(
+                "model.gpus_per_replica ({}) must be between 1 and pool.gpus_per_node ({})",
+                m.gpus_per_replica, self.pool.gpus_per_node
+            ));
+        }
+        if m.max_num_seqs == 0 || m.max_num_batched_tokens <= m.max_num_seqs {
+            return Err(
+                "model needs max_num_seqs ≥ 1 and max_num_batched_tokens > max_num_seqs".into(),
+            );
+        }
+        let r = &self.research;
+        if r.gpus_per_job == 0 || r.gpus_per_job > self.pool.gpus_per_node {
+            return Err(format!(
+                "research.gpus_per_job ({}) must be between 1 and pool.gpus_per_node ({})",
+                r.gpus_per_job, self.pool.gpus_per_node
+            ));
+        }
+        if self.pool.nodes == 0 {
+            return Err("pool.nodes must be at least 1".into());
+        }
+        let nw = &self.policies.night_window;
+        if nw.start_hour > 23 || nw.end_hour > 23 {
+            return Err("policies.night_window hours must be 0–23".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_round_trip_through_toml() {
+        let s = Scenario::default();
+        s.validate().expect("defaults valid");
+        let back = Scenario::from_toml(&s.to_toml()).expect("own TOML parses");
+        assert_eq!(back, s);
+    }
+
+    #[test]
+    fn a_file_overrides_only_what_it_names() {
+        let s = Scenario::from_toml("[run]\ndays = 2\n[model]\nstartup_s = 60\n").expect("valid");
+        assert_eq!(s.run.days, 2.0);
+        assert_eq!(s.model.startup_s, 60.0);
+        assert_eq!(s.model.max_num_seqs, ModelConfig::default().max_num_seqs);
+    }
+
+    #[test]
+    fn unknown_keys_and_impossible_values_are_rejected() {
+        assert!(Scenario::from_toml("[model]\nstartup = 60\n").is_err());
+        let mut s = Scenario::default();
+        s.autoscaling.min_replicas = 20;
+        assert!(s.validate().is_err());
+        let mut s = Scenario::default();
+        s.run.step_s = 0.0;
+        assert!(s.validate().unwrap_err().contains("run.step_s"));
+    }
+}

@@ -1,0 +1,201 @@
+//! The trace-driven simulator behind `nightshift simulate`: how many GPU-hours nightshift frees
+//! for research, at what cost to inference, compared with the alternatives.
+//!
+//! A request trace is replayed, its rate shaped by a 24-hour envelope, against a model of vLLM
+//! replicas ([`fleet`]), KEDA and the HPA ([`policy`]), and a GPU pool shared with a research
+//! backlog ([`pool`]). Each policy runs through the same cluster ([`engine`]); the nightshift
+//! policy calls the live scaler's [`crate::scaler::demand::compute`]. Runs are deterministic: the
+//! same trace, scenario and seed give the same numbers.
+//!
+//! This module owns its options and errors; it does no I/O beyond reading the trace and the
+//! scenario and writing the chart.
+
+pub mod config;
+pub mod engine;
+pub mod fleet;
+pub mod policy;
+pub mod pool;
+pub mod report;
+pub mod trace;
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use self::{
+    config::Scenario,
+    engine::run_policy,
+    policy::PolicyKind,
+    report::Report,
+    trace::{Envelope, Trace, TraceError},
+};
+use crate::scaler::demand::{self, DemandError, Totals};
+
+/// Why a simulation could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    #[error("cannot read scenario {path}")]
+    ReadScenario {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("scenario {path} is not valid")]
+    ParseScenario {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("scenario: {0}")]
+    Invalid(String),
+    #[error("scenario: policies.nightshift targets are not valid")]
+    Targets(#[source] DemandError),
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Options of `nightshift simulate`.
+#[derive(Clone, Debug, Args)]
+pub struct SimArgs {
+    /// Request trace (CSV: TIMESTAMP, ContextTokens, GeneratedTokens; Azure LLM inference trace
+    /// schema).
+    #[arg(
+        long,
+        env = "NIGHTSHIFT_SIM_TRACE",
+        default_value = "data/traces/azure-llm-2023-conv.csv"
+    )]
+    pub trace: PathBuf,
+
+    /// Scenario file (TOML) overriding any default; see `--print-config` for every field.
+    #[arg(long, env = "NIGHTSHIFT_SIM_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// Simulated days (overrides the scenario's `run.days`).
+    #[arg(long, env = "NIGHTSHIFT_SIM_DAYS")]
+    pub days: Option<f64>,
+
+    /// Seed choosing where the trace replay starts (overrides `run.seed`).
+    #[arg(long, env = "NIGHTSHIFT_SIM_SEED")]
+    pub seed: Option<u64>,
+
+    /// Print the results as JSON instead of a table.
+    #[arg(long, env = "NIGHTSHIFT_SIM_JSON")]
+    pub json: bool,
+
+    /// Write an SVG chart of GPUs by use over time to this file.
+    #[arg(long, env = "NIGHTSHIFT_SIM_CHART")]
+    pub chart: Option<PathBuf>,
+
+    /// Print the effective scenario as TOML and exit.
+    #[arg(long, env = "NIGHTSHIFT_SIM_PRINT_CONFIG")]
+    pub print_config: bool,
+}
+
+/// Runs `nightshift simulate`: prints the table (or JSON) and writes the chart.
+pub fn run(args: SimArgs) -> Result<(), SimError> {
+    let SimArgs {
+        trace,
+        config,
+        days,
+        seed,
+        json,
+        chart,
+        print_config,
+    } = args;
+    let mut scenario = match &config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| SimError::ReadScenario {
+                path: path.clone(),
+                source,
+            })?;
+            Scenario::from_toml(&text).map_err(|source| SimError::ParseScenario {
+                path: path.clone(),
+                source,
+            })?
+        }
+        None => Scenario::default(),
+    };
+    if let Some(d) = days {
+        scenario.run.days = d;
+    }
+    if let Some(s) = seed {
+        scenario.run.seed = s;
+    }
+    if print_config {
+        print!("{}", scenario.to_toml());
+        return Ok(());
+    }
+    let trace = Trace::read(&trace)?;
+    let started = std::time::Instant::now();
+    let report = simulate(&scenario, &trace)?;
+    tracing::info!(
+        elapsed_s = started.elapsed().as_secs_f64(),
+        days = scenario.run.days,
+        policies = report.policies.len(),
+        "simulation finished"
+    );
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report)
+                .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+        );
+    } else {
+        print!("{}", report::table(&report));
+    }
+    if let Some(path) = chart {
+        std::fs::write(&path, report::svg(&report))
+            .map_err(|source| SimError::Write { path, source })?;
+    }
+    Ok(())
+}
+
+/// Runs every policy through the scenario (in parallel threads; results do not depend on it).
+pub fn simulate(scenario: &Scenario, trace: &Trace) -> Result<Report, SimError> {
+    scenario.validate().map_err(SimError::Invalid)?;
+    let envelope = Envelope::new(&scenario.envelope.hourly).map_err(SimError::Invalid)?;
+    // The live code validates the targets: a configuration it would refuse is refused here.
+    let probe = Totals {
+        pods: 1,
+        waiting: Some(0.0),
+        running: Some(0.0),
+        kv_cache: Some(0.0),
+        generation_tokens: Some(0.0),
+    };
+    demand::compute(&probe, &scenario.policies.nightshift.targets()).map_err(SimError::Targets)?;
+
+    let outcomes = std::thread::scope(|scope| {
+        let handles: Vec<_> = PolicyKind::ALL
+            .iter()
+            .map(|kind| {
+                let envelope = &envelope;
+                scope.spawn(move || run_policy(*kind, scenario, trace, envelope, false))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join())
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .map_err(|_| SimError::Invalid("a policy run panicked".into()))?;
+
+    let first = &outcomes[0];
+    Ok(Report {
+        model: scenario.model.name.clone(),
+        days: scenario.run.days,
+        seed: scenario.run.seed,
+        pool_gpus: scenario.pool.nodes * scenario.pool.gpus_per_node,
+        pool_gpu_hours: first.pool_gpu_hours,
+        ideal_idle_gpu_hours: first.ideal_idle_gpu_hours,
+        slo_queue_wait_p99_s: scenario.slo.queue_wait_p99_s,
+        trace_requests: trace.requests.len(),
+        timelines: outcomes.iter().map(|o| o.timeline.clone()).collect(),
+        policies: outcomes.into_iter().map(|o| o.result).collect(),
+    })
+}

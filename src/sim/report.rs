@@ -1,0 +1,230 @@
+//! Presents simulation results: a table for people, JSON for machines, an SVG chart of GPUs by
+//! use over time. Pure formatting; no simulation logic.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::engine::{MinutePoint, PolicyResult};
+
+/// The whole comparison.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub model: String,
+    pub days: f64,
+    pub seed: u64,
+    pub pool_gpus: u32,
+    pub pool_gpu_hours: f64,
+    /// GPU-hours an oracle that sizes inference to each minute's work (at full utilisation)
+    /// would leave idle: the most any policy could lend.
+    pub ideal_idle_gpu_hours: f64,
+    pub slo_queue_wait_p99_s: f64,
+    pub trace_requests: usize,
+    pub policies: Vec<PolicyResult>,
+    #[serde(skip)]
+    pub timelines: Vec<Vec<MinutePoint>>,
+}
+
+/// The table printed on stdout.
+pub fn table(r: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:.1} days, {} GPUs ({:.0} GPU-h), {}; ideally idle: {:.0} GPU-h; SLO: p99 queue wait ≤ {} s per minute",
+        r.days,
+        r.pool_gpus,
+        r.pool_gpu_hours,
+        r.model,
+        r.ideal_idle_gpu_hours,
+        r.slo_queue_wait_p99_s
+    );
+    let _ = writeln!(
+        out,
+        "{:<24} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7}",
+        "policy",
+        "lent GPUh",
+        "harvest",
+        "lost GPUh",
+        "preempt",
+        "wait p50",
+        "wait p99",
+        "TTFT p50",
+        "TTFT p99",
+        "SLO min",
+        "min over",
+        "scaling",
+        "unserved"
+    );
+    for p in &r.policies {
+        let _ = writeln!(
+            out,
+            "{:<24} {:>9.0} {:>7.1}% {:>9.1} {:>8} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.2}% {:>9} {:>8} {:>7}",
+            p.label,
+            p.lent_gpu_hours,
+            p.harvest_share * 100.0,
+            p.lost_gpu_hours,
+            p.preemptions,
+            p.queue_wait_p50_s,
+            p.queue_wait_p99_s,
+            p.ttft_p50_s,
+            p.ttft_p99_s,
+            p.minutes_within_slo_share * 100.0,
+            p.minutes_over_slo,
+            p.scale_events,
+            p.unserved
+        );
+    }
+    out
+}
+
+/// Minutes averaged into one chart point.
+const CHART_BUCKET_MIN: usize = 10;
+
+/// An SVG chart: one panel per policy, GPUs held by inference and research over time, with the
+/// oracle's inference GPUs as a dashed line.
+pub fn svg(r: &Report) -> String {
+    const W: f64 = 960.0;
+    const LEFT: f64 = 56.0;
+    const RIGHT: f64 = 16.0;
+    const PANEL_H: f64 = 150.0;
+    const GAP: f64 = 42.0;
+    const TOP: f64 = 48.0;
+    let panels = r.policies.len().max(1);
+    let h = TOP + panels as f64 * (PANEL_H + GAP) + 10.0;
+    let plot_w = W - LEFT - RIGHT;
+    let gpus = f64::from(r.pool_gpus.max(1));
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{LEFT}" y="20" font-size="15" font-weight="bold">GPUs by use over {:.0} days ({} GPUs)</text>"#,
+        r.days, r.pool_gpus
+    );
+    let legend = [
+        ("#4e79a7", "inference"),
+        ("#59a14f", "research (lent)"),
+        ("#eeeeee", "idle"),
+    ];
+    for (i, (color, name)) in legend.iter().enumerate() {
+        let x = LEFT + i as f64 * 150.0;
+        let _ = writeln!(
+            s,
+            r##"<rect x="{x}" y="30" width="12" height="12" fill="{color}" stroke="#999"/><text x="{}" y="40">{name}</text>"##,
+            x + 16.0
+        );
+    }
+    let x = LEFT + 3.0 * 150.0;
+    let _ = writeln!(
+        s,
+        r#"<line x1="{x}" y1="36" x2="{}" y2="36" stroke="black" stroke-dasharray="4 3"/><text x="{}" y="40">oracle inference</text>"#,
+        x + 24.0,
+        x + 28.0
+    );
+    for (pi, (p, timeline)) in r.policies.iter().zip(&r.timelines).enumerate() {
+        let y0 = TOP + GAP + pi as f64 * (PANEL_H + GAP);
+        let buckets: Vec<MinutePoint> = timeline
+            .chunks(CHART_BUCKET_MIN)
+            .map(|c| {
+                let n = c.len() as f32;
+                MinutePoint {
+                    inference_gpus: c.iter().map(|m| m.inference_gpus).sum::<f32>() / n,
+                    research_gpus: c.iter().map(|m| m.research_gpus).sum::<f32>() / n,
+                    ideal_inference_gpus: c.iter().map(|m| m.ideal_inference_gpus).sum::<f32>() / n,
+                    slo_ok: c.iter().all(|m| m.slo_ok),
+                }
+            })
+            .collect();
+        let n = buckets.len().max(1) as f64;
+        let xs = |i: usize| LEFT + plot_w * i as f64 / n;
+        let ys = |g: f64| y0 + PANEL_H - PANEL_H * (g / gpus).clamp(0.0, 1.0);
+        let _ = writeln!(
+            s,
+            r#"<text x="{LEFT}" y="{}" font-weight="bold">{} — lent {:.0} GPU-h ({:.1} % of ideally idle), {:.2} % of minutes within SLO</text>"#,
+            y0 - 8.0,
+            p.label,
+            p.lent_gpu_hours,
+            p.harvest_share * 100.0,
+            p.minutes_within_slo_share * 100.0
+        );
+        let _ = writeln!(
+            s,
+            r##"<rect x="{LEFT}" y="{y0}" width="{plot_w}" height="{PANEL_H}" fill="#eeeeee"/>"##
+        );
+        // Stacked areas: inference from 0, research on top of it.
+        let mut inf = format!("M{:.1},{:.1}", xs(0), ys(0.0));
+        let mut res = String::new();
+        let mut res_back = Vec::new();
+        for (i, b) in buckets.iter().enumerate() {
+            let inf_g = f64::from(b.inference_gpus);
+            let top = inf_g + f64::from(b.research_gpus);
+            for x in [xs(i), xs(i + 1)] {
+                let _ = write!(inf, " L{x:.1},{:.1}", ys(inf_g));
+                if res.is_empty() {
+                    res = format!("M{x:.1},{:.1}", ys(top));
+                } else {
+                    let _ = write!(res, " L{x:.1},{:.1}", ys(top));
+                }
+                res_back.push((x, ys(inf_g)));
+            }
+        }
+        let _ = write!(inf, " L{:.1},{:.1} Z", xs(buckets.len()), ys(0.0));
+        for (x, y) in res_back.iter().rev() {
+            let _ = write!(res, " L{x:.1},{y:.1}");
+        }
+        res.push_str(" Z");
+        let _ = writeln!(s, r##"<path d="{res}" fill="#59a14f"/>"##);
+        let _ = writeln!(s, r##"<path d="{inf}" fill="#4e79a7"/>"##);
+        let mut ideal = String::new();
+        for (i, b) in buckets.iter().enumerate() {
+            let y = ys(f64::from(b.ideal_inference_gpus));
+            let cmd = if i == 0 { 'M' } else { 'L' };
+            let _ = write!(ideal, "{cmd}{:.1},{y:.1} L{:.1},{y:.1} ", xs(i), xs(i + 1));
+        }
+        let _ = writeln!(
+            s,
+            r#"<path d="{ideal}" fill="none" stroke="black" stroke-width="0.8" stroke-dasharray="4 3"/>"#
+        );
+        // SLO misses as red ticks under the panel.
+        for (i, b) in buckets.iter().enumerate() {
+            if !b.slo_ok {
+                let _ = writeln!(
+                    s,
+                    r##"<rect x="{:.1}" y="{}" width="{:.1}" height="4" fill="#e15759"/>"##,
+                    xs(i),
+                    y0 + PANEL_H + 1.0,
+                    (xs(i + 1) - xs(i)).max(1.0)
+                );
+            }
+        }
+        for g in [0.0, gpus / 2.0, gpus] {
+            let _ = writeln!(
+                s,
+                r#"<text x="{}" y="{:.1}" text-anchor="end">{g:.0}</text>"#,
+                LEFT - 6.0,
+                ys(g) + 4.0
+            );
+        }
+        let days = r.days.ceil() as usize;
+        for d in 0..=days {
+            let x = LEFT + plot_w * (d as f64 * 1440.0 / timeline.len().max(1) as f64).min(1.0);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{x:.1}" y1="{y0}" x2="{x:.1}" y2="{}" stroke="#666" stroke-width="0.5"/><text x="{x:.1}" y="{}" text-anchor="middle">day {d}</text>"##,
+                y0 + PANEL_H,
+                y0 + PANEL_H + 18.0
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        r##"<text x="{LEFT}" y="{}" fill="#e15759">red ticks: 10-minute spans with a minute over the SLO</text>"##,
+        h - 4.0
+    );
+    s.push_str("</svg>\n");
+    s
+}
