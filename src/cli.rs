@@ -5,7 +5,7 @@ use std::{process::ExitCode, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{admin::AdminArgs, cluster, runtime::Context, telemetry::LogArgs};
+use crate::{admin::AdminArgs, cluster, pool, runtime::Context, telemetry::LogArgs};
 
 /// nightshift: lend idle LLM-inference GPUs to research jobs, take them back when inference
 /// needs them.
@@ -23,6 +23,10 @@ pub struct Cli {
 pub enum Command {
     /// Run every component: KEDA scaler, admission webhook and GPU-pool controller.
     Run(RunArgs),
+    /// Run only the GPU-pool controller (spare marks, preemption tracking, `/status`).
+    Pool(PoolRunArgs),
+    /// Show the GPU pool: GPUs per node, spare marks, research pods, recent preemptions.
+    Status(pool::StatusArgs),
 }
 
 /// Options of `nightshift run`.
@@ -33,6 +37,22 @@ pub struct RunArgs {
 
     #[command(flatten)]
     pub shutdown: ShutdownArgs,
+
+    #[command(flatten)]
+    pub pool: pool::PoolArgs,
+}
+
+/// Options of `nightshift pool`.
+#[derive(Debug, Args)]
+pub struct PoolRunArgs {
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    #[command(flatten)]
+    pub shutdown: ShutdownArgs,
+
+    #[command(flatten)]
+    pub pool: pool::PoolArgs,
 }
 
 /// How long in-flight work may take to finish after SIGTERM.
@@ -61,6 +81,14 @@ impl Cli {
         }
         let outcome = match self.command {
             Command::Run(args) => run_all(args).await,
+            Command::Pool(args) => run_pool(args).await,
+            Command::Status(args) => match pool::status_command(args).await {
+                Ok(text) => {
+                    print!("{text}");
+                    Ok(())
+                }
+                Err(e) => Err(e.into()),
+            },
         };
         match outcome {
             Ok(()) => ExitCode::SUCCESS,
@@ -73,8 +101,24 @@ impl Cli {
 }
 
 async fn run_all(args: RunArgs) -> anyhow::Result<()> {
-    let RunArgs { admin, shutdown } = args;
-    let ctx = Context::new(cluster::connect().await);
+    let RunArgs {
+        admin,
+        shutdown,
+        pool,
+    } = args;
+    let mut ctx = Context::new(cluster::connect().await);
+    pool::start(pool, &mut ctx).await?;
+    ctx.serve(admin.admin_addr, shutdown.drain_timeout).await
+}
+
+async fn run_pool(args: PoolRunArgs) -> anyhow::Result<()> {
+    let PoolRunArgs {
+        admin,
+        shutdown,
+        pool,
+    } = args;
+    let mut ctx = Context::new(cluster::connect().await);
+    pool::start(pool, &mut ctx).await?;
     ctx.serve(admin.admin_addr, shutdown.drain_timeout).await
 }
 
