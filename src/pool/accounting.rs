@@ -69,13 +69,16 @@ pub struct PodFacts {
     pub created: Option<Timestamp>,
     pub started: Option<Timestamp>,
     pub disruption: Option<Disruption>,
+    /// The node's slot in the [`Ledger`], assigned when the ledger takes the pod, so that a
+    /// recount adds up without hashing node names.
+    slot: Option<u32>,
 }
 
 impl PodFacts {
-    /// GPUs this pod holds on its node for the scheduler (0 when unbound or terminal).
-    fn holds(&self) -> Option<(&str, Option<u64>)> {
-        match (&self.node, self.terminal) {
-            (Some(node), false) => Some((node.as_str(), self.gpus)),
+    /// The node slot and GPUs this pod holds for the scheduler (`None` when unbound or terminal).
+    fn holds(&self) -> Option<(u32, Option<u64>)> {
+        match (self.slot, self.terminal) {
+            (Some(slot), false) => Some((slot, self.gpus)),
             _ => None,
         }
     }
@@ -244,6 +247,7 @@ pub fn pod_facts(pod: &Pod, resource: &str) -> PodFacts {
             .and_then(|s| s.start_time.as_ref())
             .map(|t| t.0),
         disruption: disruption(pod),
+        slot: None,
         namespace,
         name,
         phase,
@@ -306,10 +310,6 @@ impl Usage {
             None => self.unknown = self.unknown.saturating_sub(1),
         }
     }
-
-    fn is_empty(&self) -> bool {
-        *self == Self::default()
-    }
 }
 
 /// The accounting of one pool node.
@@ -350,12 +350,14 @@ pub struct DisruptionRecord {
 /// Per-node GPU sums over every pod, updated incrementally.
 ///
 /// Usage is kept per node name for every node that has pods, pool member or not, so that a node
-/// joining the pool (or arriving after its pods) needs no recount.
+/// joining the pool (or arriving after its pods) needs no recount. Node names are interned into
+/// slots (never released: node names are few and long-lived), so that sums are array updates.
 #[derive(Debug, Default)]
 pub struct Ledger {
     nodes: HashMap<String, NodeFacts>,
     pods: HashMap<String, PodFacts>,
-    usage: HashMap<String, Usage>,
+    slots: HashMap<String, u32>,
+    usage: Vec<Usage>,
     /// `false` until the first full pod list: disruptions seen then happened before we started
     /// and are not counted again.
     synced_pods: bool,
@@ -383,17 +385,18 @@ impl Ledger {
     }
 
     /// Adds or updates a pod. Returns a record when a research pod is newly seen disrupted.
-    pub fn apply_pod(&mut self, pod: PodFacts, now: Timestamp) -> Option<DisruptionRecord> {
+    pub fn apply_pod(&mut self, mut pod: PodFacts, now: Timestamp) -> Option<DisruptionRecord> {
         if let Some(relist) = self.relist.as_mut() {
             relist.insert(pod.key.clone(), pod);
             return None;
         }
+        self.assign_slot(&mut pod);
         let old = self.pods.remove(&pod.key);
-        if let Some((node, gpus)) = old.as_ref().and_then(PodFacts::holds) {
-            self.sub_usage(node, old.as_ref().is_some_and(|o| o.research), gpus);
+        if let Some((slot, gpus)) = old.as_ref().and_then(PodFacts::holds) {
+            self.sub_usage(slot, old.as_ref().is_some_and(|o| o.research), gpus);
         }
-        if let Some((node, gpus)) = pod.holds() {
-            add_usage(&mut self.usage, node, pod.research, gpus);
+        if let Some((slot, gpus)) = pod.holds() {
+            self.add_usage(slot, pod.research, gpus);
         }
         let record = newly_disrupted(old.as_ref(), &pod, self.synced_pods, now);
         self.pods.insert(pod.key.clone(), pod);
@@ -407,18 +410,35 @@ impl Ledger {
             return None;
         }
         let old = self.pods.remove(&pod.key)?;
-        if let Some((node, gpus)) = old.holds() {
-            self.sub_usage(node, old.research, gpus);
+        if let Some((slot, gpus)) = old.holds() {
+            self.sub_usage(slot, old.research, gpus);
         }
         newly_disrupted(Some(&old), pod, self.synced_pods, now)
     }
 
-    fn sub_usage(&mut self, node: &str, research: bool, gpus: Option<u64>) {
-        if let Some(u) = self.usage.get_mut(node) {
+    fn slot(&mut self, node: &str) -> u32 {
+        if let Some(&slot) = self.slots.get(node) {
+            return slot;
+        }
+        let slot = u32::try_from(self.usage.len()).unwrap_or(u32::MAX);
+        self.usage.push(Usage::default());
+        self.slots.insert(node.to_string(), slot);
+        slot
+    }
+
+    fn assign_slot(&mut self, pod: &mut PodFacts) {
+        pod.slot = pod.node.as_deref().map(|node| self.slot(node));
+    }
+
+    fn add_usage(&mut self, slot: u32, research: bool, gpus: Option<u64>) {
+        if let Some(u) = self.usage.get_mut(slot as usize) {
+            u.add(research, gpus);
+        }
+    }
+
+    fn sub_usage(&mut self, slot: u32, research: bool, gpus: Option<u64>) {
+        if let Some(u) = self.usage.get_mut(slot as usize) {
             u.sub(research, gpus);
-            if u.is_empty() {
-                self.usage.remove(node);
-            }
         }
     }
 
@@ -430,9 +450,12 @@ impl Ledger {
     /// Replaces every pod with the re-listed ones and recounts. Returns disruptions of research
     /// pods that happened while the watch was interrupted (none on the first list).
     pub fn finish_pod_relist(&mut self, now: Timestamp) -> Vec<DisruptionRecord> {
-        let Some(new) = self.relist.take() else {
+        let Some(mut new) = self.relist.take() else {
             return Vec::new();
         };
+        for pod in new.values_mut() {
+            self.assign_slot(pod);
+        }
         let records = if self.synced_pods {
             new.values()
                 .filter_map(|p| newly_disrupted(self.pods.get(&p.key), p, true, now))
@@ -448,17 +471,24 @@ impl Ledger {
 
     /// Replaces every pod at once (one-shot listings, tests and benchmarks).
     pub fn replace_pods(&mut self, pods: impl IntoIterator<Item = PodFacts>) {
-        self.pods = pods.into_iter().map(|p| (p.key.clone(), p)).collect();
+        let mut new: HashMap<String, PodFacts> =
+            pods.into_iter().map(|p| (p.key.clone(), p)).collect();
+        for pod in new.values_mut() {
+            self.assign_slot(pod);
+        }
+        self.pods = new;
         self.synced_pods = true;
         self.recount();
     }
 
     /// Recomputes every node's sums from the pods.
     pub fn recount(&mut self) {
-        self.usage.clear();
+        self.usage.fill(Usage::default());
         for pod in self.pods.values() {
-            if let Some((node, gpus)) = pod.holds() {
-                add_usage(&mut self.usage, node, pod.research, gpus);
+            if let Some((slot, gpus)) = pod.holds()
+                && let Some(u) = self.usage.get_mut(slot as usize)
+            {
+                u.add(pod.research, gpus);
             }
         }
     }
@@ -484,7 +514,12 @@ impl Ledger {
     /// The accounting of one pool node (`None` when it is not in the pool).
     pub fn gpus(&self, name: &str) -> Option<NodeGpus> {
         let node = self.nodes.get(name)?;
-        let usage = self.usage.get(name).copied().unwrap_or_default();
+        let usage = self
+            .slots
+            .get(name)
+            .and_then(|&slot| self.usage.get(slot as usize))
+            .copied()
+            .unwrap_or_default();
         let allocatable = node.allocatable.unwrap_or(0);
         Some(NodeGpus {
             allocatable,
@@ -528,24 +563,12 @@ impl Ledger {
         let pod_keys: usize = self.pods.keys().map(String::capacity).sum();
         let node_table = self.nodes.capacity()
             * (std::mem::size_of::<String>() + std::mem::size_of::<NodeFacts>() + 1)
-            + self.usage.capacity()
-                * (std::mem::size_of::<String>() + std::mem::size_of::<Usage>() + 1);
+            + self.usage.capacity() * std::mem::size_of::<Usage>()
+            + self.slots.capacity() * (std::mem::size_of::<String>() + 4 + 1);
         let node_strings: usize = self.nodes.keys().map(|k| k.capacity() * 2).sum::<usize>()
-            + self.usage.keys().map(String::capacity).sum::<usize>();
+            + self.slots.keys().map(String::capacity).sum::<usize>();
         pod_strings + pod_table + pod_keys + node_table + node_strings
     }
-}
-
-/// Adds a pod's request to its node. Looks up by `&str` first so that the hot path allocates
-/// only for a node seen for the first time (`HashMap::entry` needs an owned key).
-fn add_usage(usage: &mut HashMap<String, Usage>, node: &str, research: bool, gpus: Option<u64>) {
-    if let Some(u) = usage.get_mut(node) {
-        u.add(research, gpus);
-        return;
-    }
-    let mut u = Usage::default();
-    u.add(research, gpus);
-    usage.insert(node.to_string(), u);
 }
 
 fn newly_disrupted(

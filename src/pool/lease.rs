@@ -66,11 +66,16 @@ pub struct Record {
     pub holder: Option<String>,
     pub renew_time: Option<Timestamp>,
     pub transitions: i32,
+    /// `metadata.resourceVersion`: changes on every write, even when two renewals carry the
+    /// same timestamp.
+    pub version: Option<String>,
 }
 
 impl Record {
-    pub fn from_spec(spec: Option<&LeaseSpec>) -> Self {
+    pub fn from_lease(lease: &Lease) -> Self {
+        let spec = lease.spec.as_ref();
         Self {
+            version: lease.metadata.resource_version.clone(),
             holder: spec
                 .and_then(|s| s.holder_identity.clone())
                 .filter(|h| !h.is_empty()),
@@ -222,13 +227,17 @@ impl LeaseClient {
 
     /// One election round: read, decide, write if needed. Returns whether we hold the lease.
     pub async fn round(&self, elector: &mut Elector) -> Result<bool, LeaseError> {
+        self.round_at(elector, Instant::now()).await
+    }
+
+    /// [`LeaseClient::round`] with the local clock reading passed in (tests drive time).
+    pub async fn round_at(&self, elector: &mut Elector, now: Instant) -> Result<bool, LeaseError> {
         let lease = self
             .api
             .get_opt(&self.name)
             .await
             .map_err(|e| self.read_err(e))?;
-        let record = lease.as_ref().map(|l| Record::from_spec(l.spec.as_ref()));
-        let now = Instant::now();
+        let record = lease.as_ref().map(Record::from_lease);
         let decision = elector.decide(record.as_ref(), now);
         let spec = elector.next_spec(
             &decision,
@@ -266,7 +275,7 @@ impl LeaseClient {
                 if decision == Decision::TakeOver || decision == Decision::Create {
                     tracing::info!(identity = %elector.identity, "acquired the pool controller lease");
                 }
-                elector.renewed(Instant::now());
+                elector.renewed(now);
                 Ok(true)
             }
             Err(kube::Error::Api(status)) if status.code == 409 => {
@@ -322,6 +331,7 @@ mod tests {
             holder: Some(holder.to_string()),
             renew_time: Some(Timestamp::from_second(renew_secs).expect("ts")),
             transitions: 0,
+            version: None,
         }
     }
 
@@ -354,6 +364,7 @@ mod tests {
             holder: None,
             renew_time: None,
             transitions: 3,
+            version: None,
         };
         assert_eq!(e.decide(Some(&free), Instant::now()), Decision::TakeOver);
     }
@@ -441,5 +452,159 @@ mod tests {
         assert_eq!(renewed.lease_transitions, Some(4));
         assert_eq!(renewed.acquire_time, Some(MicroTime(acquired)));
         assert_eq!(renewed.renew_time, Some(MicroTime(now)));
+    }
+
+    /// An in-process stand-in for the API server's Lease endpoint, with the same
+    /// `resourceVersion` precondition semantics (409 on a stale write).
+    mod fake {
+        use std::sync::{Arc, Mutex};
+
+        use axum::http::{Method, Request, Response, StatusCode};
+        use k8s_openapi::api::coordination::v1::Lease;
+
+        #[derive(Default)]
+        pub struct State {
+            pub lease: Option<Lease>,
+            pub version: u64,
+            /// Simulates another writer between our read and our write, once.
+            pub meddle_after_next_get: bool,
+            pub writes: usize,
+        }
+
+        fn status(code: StatusCode, reason: &str) -> (StatusCode, String) {
+            let body = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": reason, "reason": reason, "code": code.as_u16()});
+            (code, body.to_string())
+        }
+
+        fn handle(state: &Mutex<State>, method: &Method, body: &[u8]) -> (StatusCode, String) {
+            let mut s = state.lock().expect("fake state");
+            match *method {
+                Method::GET => match s.lease.clone() {
+                    Some(l) => {
+                        if std::mem::take(&mut s.meddle_after_next_get) {
+                            s.version += 1;
+                            let v = s.version.to_string();
+                            if let Some(stored) = s.lease.as_mut() {
+                                stored.metadata.resource_version = Some(v);
+                            }
+                        }
+                        (StatusCode::OK, serde_json::to_string(&l).expect("json"))
+                    }
+                    None => status(StatusCode::NOT_FOUND, "NotFound"),
+                },
+                Method::POST if s.lease.is_some() => status(StatusCode::CONFLICT, "AlreadyExists"),
+                Method::POST | Method::PUT => {
+                    let mut l: Lease = serde_json::from_slice(body).expect("lease body");
+                    if *method == Method::PUT {
+                        let Some(stored) = s.lease.as_ref() else {
+                            return status(StatusCode::NOT_FOUND, "NotFound");
+                        };
+                        if l.metadata.resource_version != stored.metadata.resource_version {
+                            return status(StatusCode::CONFLICT, "Conflict");
+                        }
+                    }
+                    s.version += 1;
+                    s.writes += 1;
+                    l.metadata.resource_version = Some(s.version.to_string());
+                    s.lease = Some(l.clone());
+                    (StatusCode::OK, serde_json::to_string(&l).expect("json"))
+                }
+                _ => status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
+            }
+        }
+
+        pub fn client(state: Arc<Mutex<State>>) -> kube::Client {
+            let svc = tower::service_fn(move |req: Request<kube::client::Body>| {
+                let state = state.clone();
+                async move {
+                    let (parts, body) = req.into_parts();
+                    let bytes = body.collect_bytes().await.expect("request body");
+                    let (code, json) = handle(&state, &parts.method, &bytes);
+                    Ok::<_, std::convert::Infallible>(
+                        Response::builder()
+                            .status(code)
+                            .header("content-type", "application/json")
+                            .body(kube::client::Body::from(json.into_bytes()))
+                            .expect("response"),
+                    )
+                }
+            });
+            kube::Client::new(svc, "nightshift-system")
+        }
+    }
+
+    fn replica(
+        state: &std::sync::Arc<std::sync::Mutex<fake::State>>,
+        id: &str,
+    ) -> (LeaseClient, Elector) {
+        (
+            LeaseClient::new(
+                fake::client(state.clone()),
+                "nightshift-system",
+                "nightshift-pool",
+            ),
+            Elector::new(id, timing()),
+        )
+    }
+
+    #[tokio::test]
+    async fn one_replica_leads_and_a_standby_takes_over_when_it_dies() {
+        let state = std::sync::Arc::default();
+        let (ca, mut a) = replica(&state, "a");
+        let (cb, mut b) = replica(&state, "b");
+        let mut t = Instant::now();
+        assert!(ca.round_at(&mut a, t).await.expect("round"), "a creates");
+        assert!(!cb.round_at(&mut b, t).await.expect("round"), "b stands by");
+        // a renews for a while; b keeps standing by.
+        for _ in 0..10 {
+            t += Duration::from_secs(2);
+            assert!(ca.round_at(&mut a, t).await.expect("round"));
+            assert!(!cb.round_at(&mut b, t).await.expect("round"));
+        }
+        // a dies: b takes over once the record has been silent for the lease duration.
+        let mut waited = Duration::ZERO;
+        while !cb.round_at(&mut b, t).await.expect("round") {
+            t += Duration::from_secs(2);
+            waited += Duration::from_secs(2);
+            assert!(waited <= Duration::from_secs(20), "b never took over");
+        }
+        assert!(
+            waited >= Duration::from_secs(14),
+            "took over too early: {waited:?}"
+        );
+        let lease = state.lock().expect("state").lease.clone().expect("lease");
+        let spec = lease.spec.expect("spec");
+        assert_eq!(spec.holder_identity.as_deref(), Some("b"));
+        assert_eq!(spec.lease_transitions, Some(1));
+        // a comes back: it stands by.
+        assert!(!ca.round_at(&mut a, t).await.expect("round"));
+        assert!(!a.is_leader(t));
+    }
+
+    #[tokio::test]
+    async fn a_write_after_someone_else_wrote_is_refused_and_leadership_not_taken() {
+        let state = std::sync::Arc::<std::sync::Mutex<fake::State>>::default();
+        let (ca, mut a) = replica(&state, "a");
+        assert!(ca.round(&mut a).await.expect("round"));
+        state.lock().expect("state").meddle_after_next_get = true;
+        assert!(
+            !ca.round(&mut a).await.expect("round"),
+            "409 means not leader"
+        );
+        assert!(!a.is_leader(Instant::now()));
+        // Next round reads the fresh version and renews.
+        assert!(ca.round(&mut a).await.expect("round"));
+    }
+
+    #[tokio::test]
+    async fn a_released_lease_is_taken_over_at_the_next_round() {
+        let state = std::sync::Arc::default();
+        let (ca, mut a) = replica(&state, "a");
+        let (cb, mut b) = replica(&state, "b");
+        assert!(ca.round(&mut a).await.expect("round"));
+        assert!(!cb.round(&mut b).await.expect("round"));
+        ca.release(&a).await.expect("release");
+        assert!(cb.round(&mut b).await.expect("round"));
     }
 }
