@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::{
     admin::AdminArgs,
-    cluster,
+    cluster, pool,
     runtime::Context,
     scaler::{self, ScalerArgs},
     sim::SimArgs,
@@ -30,7 +30,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run every component: KEDA scaler, admission webhook and GPU-pool controller.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Run only the KEDA external scaler (gRPC) and the admin server.
     Scaler(ScalerOnlyArgs),
     /// Run only the admission webhook.
@@ -41,6 +41,10 @@ pub enum Command {
     /// Replay a request trace against a simulated cluster and compare how many GPU-hours each
     /// policy lends to research, at what cost to inference.
     Simulate(SimArgs),
+    /// Run only the GPU-pool controller (spare marks, preemption tracking, `/status`).
+    Pool(PoolRunArgs),
+    /// Show the GPU pool: GPUs per node, spare marks, research pods, recent preemptions.
+    Status(pool::StatusArgs),
 }
 
 /// Options of `nightshift scaler`.
@@ -91,6 +95,22 @@ pub struct RunArgs {
 
     #[command(flatten)]
     pub webhook: WebhookArgs,
+
+    #[command(flatten)]
+    pub pool: pool::PoolArgs,
+}
+
+/// Options of `nightshift pool`.
+#[derive(Debug, Args)]
+pub struct PoolRunArgs {
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    #[command(flatten)]
+    pub shutdown: ShutdownArgs,
+
+    #[command(flatten)]
+    pub pool: pool::PoolArgs,
 }
 
 /// How long in-flight work may take to finish after SIGTERM.
@@ -118,7 +138,7 @@ impl Cli {
             return ExitCode::FAILURE;
         }
         let outcome = match self.command {
-            Command::Run(args) => run_all(args).await,
+            Command::Run(args) => run_all(*args).await,
             Command::Scaler(args) => run_scaler(args).await,
             Command::Webhook(args) => run_webhook(args).await,
             Command::Certs(CertsCommand::Generate(args)) => generate_certs(&args),
@@ -126,6 +146,14 @@ impl Cli {
                 .await
                 .map_err(anyhow::Error::from)
                 .and_then(|r| r.map_err(anyhow::Error::from)),
+            Command::Pool(args) => run_pool(args).await,
+            Command::Status(args) => match pool::status_command(args).await {
+                Ok(text) => {
+                    print!("{text}");
+                    Ok(())
+                }
+                Err(e) => Err(e.into()),
+            },
         };
         match outcome {
             Ok(()) => ExitCode::SUCCESS,
@@ -143,10 +171,23 @@ async fn run_all(args: RunArgs) -> anyhow::Result<()> {
         shutdown,
         scaler,
         webhook,
+        pool,
     } = args;
     let mut ctx = Context::new(cluster::connect().await);
     scaler::start(scaler, &mut ctx).await?;
     webhook::start(webhook, &mut ctx).await?;
+    pool::start(pool, &mut ctx).await?;
+    ctx.serve(admin.admin_addr, shutdown.drain_timeout).await
+}
+
+async fn run_pool(args: PoolRunArgs) -> anyhow::Result<()> {
+    let PoolRunArgs {
+        admin,
+        shutdown,
+        pool,
+    } = args;
+    let mut ctx = Context::new(cluster::connect().await);
+    pool::start(pool, &mut ctx).await?;
     ctx.serve(admin.admin_addr, shutdown.drain_timeout).await
 }
 

@@ -16,6 +16,7 @@
 pub mod admin;
 pub mod cli;
 pub mod cluster;
+pub mod pool;
 pub mod runtime;
 pub mod scaler;
 pub mod sim;

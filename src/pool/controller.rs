@@ -1,0 +1,754 @@
+//! The spare-mark controller's state machine: applies watch events to the [`Ledger`], decides the
+//! marks, tracks disruptions of research pods and keeps the metrics.
+//!
+//! No I/O here: [`Controller`] takes watch events and the time, and returns the label patches to
+//! make. The transport (watch streams, the Lease, the API calls) lives in [`super::run`], so this
+//! part is tested against fake stores and recorded events.
+
+use std::{
+    collections::{BTreeSet, VecDeque},
+    sync::atomic::AtomicU64,
+    time::Duration,
+};
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::{reflector::Store, watcher};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+use super::{
+    accounting::{DisruptionRecord, Ledger, NodeFacts, PodFacts, node_facts, pod_facts},
+    marks::{self, LabelPatch, Plan},
+    status::{NodeStatus, ResearchPod, StatusReport},
+    windows::Windows,
+};
+
+/// How many recent disruptions `/status` shows: enough for a researcher to find theirs without
+/// the list growing without bound.
+pub const RECENT_DISRUPTIONS: usize = 100;
+
+/// What the controller needs to decide.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    pub gpu_resource: String,
+    pub headroom: u64,
+    pub windows: Windows,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+/// The pool's metrics (registered under `nightshift_pool_*`).
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    gpus: Family<StateLabel, Gauge>,
+    spare_nodes: Gauge,
+    spare_gpus: Gauge,
+    preemptions: Family<ReasonLabel, Counter>,
+    disrupted_runtime: Histogram,
+    lent_gpu_seconds: Counter<f64, AtomicU64>,
+    leader: Gauge,
+    lending_open: Gauge,
+    label_patches: Family<ResultLabel, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            gpus: Family::default(),
+            spare_nodes: Gauge::default(),
+            spare_gpus: Gauge::default(),
+            preemptions: Family::default(),
+            // Research steps run minutes to days: 1 min … ~11 days, ×4 per bucket.
+            disrupted_runtime: Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(60.0, 4.0, 10),
+            ),
+            lent_gpu_seconds: Counter::default(),
+            leader: Gauge::default(),
+            lending_open: Gauge::default(),
+            label_patches: Family::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// Registers every pool metric into `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "pool_gpus",
+            "GPUs of the pool by state: protected (non-research pods), lent (research pods), free",
+            self.gpus.clone(),
+        );
+        registry.register(
+            "pool_spare_nodes",
+            "Pool nodes currently marked spare",
+            self.spare_nodes.clone(),
+        );
+        registry.register(
+            "pool_spare_gpus",
+            "Free GPUs on nodes marked spare",
+            self.spare_gpus.clone(),
+        );
+        registry.register(
+            "pool_preemptions",
+            "Research pods disrupted (preempted or evicted), by DisruptionTarget reason",
+            self.preemptions.clone(),
+        );
+        registry.register(
+            "pool_disrupted_pod_runtime_seconds",
+            "How long research pods had run when they were disrupted",
+            self.disrupted_runtime.clone(),
+        );
+        registry.register(
+            "pool_lent_gpu_seconds",
+            "GPU-seconds requested by research pods on pool nodes (harvested GPU time)",
+            self.lent_gpu_seconds.clone(),
+        );
+        registry.register(
+            "pool_leader",
+            "1 when this replica holds the pool controller lease and writes node marks",
+            self.leader.clone(),
+        );
+        registry.register(
+            "pool_lending_open",
+            "1 when inside a lending window (or lending is continuous)",
+            self.lending_open.clone(),
+        );
+        registry.register(
+            "pool_label_patches",
+            "Spare-mark label patches sent to the API server, by result",
+            self.label_patches.clone(),
+        );
+    }
+
+    /// Counts a patch outcome.
+    pub fn patched(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.label_patches
+            .get_or_create(&ResultLabel { result })
+            .inc();
+    }
+}
+
+/// The controller's state. Shared behind a mutex with the `/status` handler; never held across
+/// an `.await`.
+#[derive(Debug)]
+pub struct Controller {
+    pub policy: Policy,
+    ledger: Ledger,
+    plan: Plan,
+    lending_open: bool,
+    leader: bool,
+    nodes_synced: bool,
+    pods_synced: bool,
+    /// Nodes that left the pool while marked: their marks are removed.
+    orphans: BTreeSet<String>,
+    recent: VecDeque<DisruptionRecord>,
+    /// Lent GPUs at the last integration, and when that was.
+    lent_since: Option<(u64, tokio::time::Instant)>,
+    node_relist: Option<Vec<NodeFacts>>,
+    metrics: Metrics,
+}
+
+impl Controller {
+    pub fn new(policy: Policy, metrics: Metrics) -> Self {
+        Self {
+            policy,
+            ledger: Ledger::new(),
+            plan: Plan::default(),
+            lending_open: true,
+            leader: false,
+            nodes_synced: false,
+            pods_synced: false,
+            orphans: BTreeSet::new(),
+            recent: VecDeque::new(),
+            lent_since: None,
+            node_relist: None,
+            metrics,
+        }
+    }
+
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Whether both watches have listed everything once.
+    pub fn synced(&self) -> bool {
+        self.nodes_synced && self.pods_synced
+    }
+
+    /// Applies one event of the pool-node watch.
+    pub fn on_node_event(&mut self, event: watcher::Event<Node>) {
+        let resource = self.policy.gpu_resource.as_str();
+        match event {
+            watcher::Event::Apply(node) => {
+                let facts = node_facts(&node, resource);
+                self.orphans.remove(&facts.name);
+                self.ledger.apply_node(facts);
+            }
+            watcher::Event::Delete(node) => {
+                let facts = node_facts(&node, resource);
+                self.forget_node(&facts);
+            }
+            watcher::Event::Init => self.node_relist = Some(Vec::new()),
+            watcher::Event::InitApply(node) => {
+                let facts = node_facts(&node, resource);
+                match self.node_relist.as_mut() {
+                    Some(buf) => buf.push(facts),
+                    None => self.ledger.apply_node(facts),
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(buf) = self.node_relist.take() {
+                    let kept: BTreeSet<&str> = buf.iter().map(|n| n.name.as_str()).collect();
+                    let gone: Vec<NodeFacts> = self
+                        .ledger
+                        .nodes()
+                        .filter(|n| !kept.contains(n.name.as_str()))
+                        .cloned()
+                        .collect();
+                    for n in &gone {
+                        self.forget_node(n);
+                    }
+                    for n in &buf {
+                        self.orphans.remove(&n.name);
+                    }
+                    self.ledger.replace_nodes(buf);
+                }
+                self.nodes_synced = true;
+            }
+        }
+    }
+
+    fn forget_node(&mut self, facts: &NodeFacts) {
+        // A node whose pool label was removed still carries our marks; take them off. A node
+        // that was deleted makes that patch a harmless 404.
+        let marked = self
+            .ledger
+            .node(&facts.name)
+            .is_some_and(|n| n.spare_label.is_some() || n.spare_gpus_label.is_some())
+            || facts.spare_label.is_some()
+            || facts.spare_gpus_label.is_some();
+        if marked {
+            self.orphans.insert(facts.name.clone());
+        }
+        self.ledger.delete_node(&facts.name);
+    }
+
+    /// Applies one event of the pod watch.
+    pub fn on_pod_event(&mut self, event: watcher::Event<Pod>, now: Timestamp) {
+        let resource = self.policy.gpu_resource.as_str();
+        let records: Vec<DisruptionRecord> = match event {
+            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => self
+                .ledger
+                .apply_pod(pod_facts(&pod, resource), now)
+                .into_iter()
+                .collect(),
+            watcher::Event::Delete(pod) => self
+                .ledger
+                .delete_pod(&pod_facts(&pod, resource), now)
+                .into_iter()
+                .collect(),
+            watcher::Event::Init => {
+                self.ledger.begin_pod_relist();
+                Vec::new()
+            }
+            watcher::Event::InitDone => {
+                self.pods_synced = true;
+                self.ledger.finish_pod_relist(now)
+            }
+        };
+        for r in records {
+            self.record_disruption(r);
+        }
+    }
+
+    /// Applies a pod's facts directly (benchmarks and tests).
+    pub fn apply_pod_facts(&mut self, pod: PodFacts, now: Timestamp) {
+        if let Some(r) = self.ledger.apply_pod(pod, now) {
+            self.record_disruption(r);
+        }
+    }
+
+    fn record_disruption(&mut self, r: DisruptionRecord) {
+        tracing::info!(
+            namespace = %r.namespace,
+            pod = %r.name,
+            node = r.node.as_deref().unwrap_or(""),
+            reason = %r.reason,
+            ran_seconds = r.ran_seconds,
+            gpus = r.gpus,
+            "research pod disrupted"
+        );
+        self.metrics
+            .preemptions
+            .get_or_create(&ReasonLabel {
+                reason: r.reason.clone(),
+            })
+            .inc();
+        if let Some(s) = r.ran_seconds {
+            self.metrics.disrupted_runtime.observe(s as f64);
+        }
+        if self.recent.len() == RECENT_DISRUPTIONS {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(r);
+    }
+
+    /// Sets whether this replica leads (writes marks).
+    pub fn set_leader(&mut self, leader: bool) {
+        self.leader = leader;
+        self.metrics.leader.set(i64::from(leader));
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.leader
+    }
+
+    /// Recomputes the plan and the metrics at `now`; returns the label patches to make (none
+    /// unless leader and synced: half a cache would unmark healthy nodes).
+    pub fn reconcile(&mut self, now: Timestamp, instant: tokio::time::Instant) -> Vec<LabelPatch> {
+        self.lending_open = self.policy.windows.open(now);
+        self.plan = marks::plan(&self.ledger, self.policy.headroom, self.lending_open);
+        let totals = self.ledger.totals();
+        self.integrate_lent(totals.lent, instant);
+        let set = |state: &'static str, v: u64| {
+            self.metrics
+                .gpus
+                .get_or_create(&StateLabel { state })
+                .set(i64::try_from(v).unwrap_or(i64::MAX));
+        };
+        set("protected", totals.protected);
+        set("lent", totals.lent);
+        set("free", totals.free);
+        self.metrics
+            .spare_nodes
+            .set(i64::try_from(self.plan.spare_nodes()).unwrap_or(i64::MAX));
+        self.metrics
+            .spare_gpus
+            .set(i64::try_from(self.plan.spare_gpus()).unwrap_or(i64::MAX));
+        self.metrics.lending_open.set(i64::from(self.lending_open));
+        if !self.leader || !self.synced() {
+            return Vec::new();
+        }
+        let mut patches = marks::diff(&self.ledger, &self.plan);
+        patches.extend(self.orphans.iter().map(|n| LabelPatch {
+            node: n.clone(),
+            spare_gpus: None,
+        }));
+        patches
+    }
+
+    /// Adds the GPU-seconds lent since the last call (lent GPUs change only on events, and
+    /// reconcile runs after every batch of events and at least every second or so).
+    fn integrate_lent(&mut self, lent_now: u64, instant: tokio::time::Instant) {
+        if let Some((lent, since)) = self.lent_since {
+            let dt = instant.saturating_duration_since(since);
+            if lent > 0 && dt > Duration::ZERO {
+                self.metrics
+                    .lent_gpu_seconds
+                    .inc_by(lent as f64 * dt.as_secs_f64());
+            }
+        }
+        self.lent_since = Some((lent_now, instant));
+    }
+
+    /// Records that a patch succeeded, so that the same patch is not sent again before the node
+    /// watch reports the new labels.
+    pub fn patched(&mut self, patch: &LabelPatch) {
+        self.metrics.patched(true);
+        if self.orphans.remove(&patch.node) {
+            return;
+        }
+        if let Some(node) = self.ledger.node(&patch.node) {
+            let mut node = node.clone();
+            node.spare_label = patch.spare_gpus.map(|_| marks::SPARE_VALUE.to_string());
+            node.spare_gpus_label = patch.spare_gpus.map(|n| n.to_string());
+            self.ledger.apply_node(node);
+        }
+    }
+
+    /// The status report at `now`.
+    pub fn status(&self, now: Timestamp) -> StatusReport {
+        let nodes = self
+            .plan
+            .nodes
+            .iter()
+            .map(|p| {
+                let facts = self.ledger.node(&p.name);
+                NodeStatus {
+                    name: p.name.clone(),
+                    allocatable: p.gpus.allocatable,
+                    protected: p.gpus.protected,
+                    lent: p.gpus.lent,
+                    free: p.gpus.free,
+                    state: p.verdict,
+                    spare_gpus: p.spare_gpus,
+                    marked_spare_gpus: facts.and_then(|f| {
+                        (f.spare_label.as_deref() == Some(marks::SPARE_VALUE))
+                            .then(|| f.spare_gpus_label.clone())
+                            .flatten()
+                    }),
+                }
+            })
+            .collect();
+        let mut research_pods: Vec<ResearchPod> = self
+            .ledger
+            .pods()
+            .filter(|p| p.research)
+            .map(|p| ResearchPod::from_facts(p, now))
+            .collect();
+        research_pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        StatusReport {
+            generated_at: now,
+            leader: Some(self.leader),
+            synced: self.synced(),
+            lending_open: self.lending_open,
+            lending_windows: self.policy.windows.to_string(),
+            headroom: self.policy.headroom,
+            totals: self.ledger.totals(),
+            spare_nodes: self.plan.spare_nodes(),
+            nodes,
+            research_pods,
+            recent_disruptions: self.recent.iter().rev().cloned().collect(),
+        }
+    }
+}
+
+/// Applies the current contents of reflector stores to a controller as one full list each:
+/// the bridge between `kube::runtime::reflector` stores and the controller, used by tests and by
+/// one-shot status reports.
+pub fn load_stores(
+    controller: &mut Controller,
+    nodes: &Store<Node>,
+    pods: &Store<Pod>,
+    now: Timestamp,
+) {
+    controller.on_node_event(watcher::Event::Init);
+    for n in nodes.state() {
+        controller.on_node_event(watcher::Event::InitApply((*n).clone()));
+    }
+    controller.on_node_event(watcher::Event::InitDone);
+    controller.on_pod_event(watcher::Event::Init, now);
+    for p in pods.state() {
+        controller.on_pod_event(watcher::Event::InitApply((*p).clone()), now);
+    }
+    controller.on_pod_event(watcher::Event::InitDone, now);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::{
+        accounting::DEFAULT_GPU_RESOURCE,
+        fixtures::{node, pod},
+        marks::Verdict,
+    };
+    use kube::runtime::reflector::store;
+
+    fn policy(headroom: u64) -> Policy {
+        Policy {
+            gpu_resource: DEFAULT_GPU_RESOURCE.to_string(),
+            headroom,
+            windows: Windows::default(),
+        }
+    }
+
+    fn now() -> Timestamp {
+        Timestamp::from_second(2_000_000_000).expect("ts")
+    }
+
+    /// A controller loaded from reflector stores holding `nodes` and `pods`.
+    fn loaded(headroom: u64, nodes: Vec<Node>, pods: Vec<Pod>) -> Controller {
+        let (node_store, mut node_writer) = store::<Node>();
+        let (pod_store, mut pod_writer) = store::<Pod>();
+        node_writer.apply_watcher_event(&watcher::Event::Init);
+        for n in nodes {
+            node_writer.apply_watcher_event(&watcher::Event::InitApply(n));
+        }
+        node_writer.apply_watcher_event(&watcher::Event::InitDone);
+        pod_writer.apply_watcher_event(&watcher::Event::Init);
+        for p in pods {
+            pod_writer.apply_watcher_event(&watcher::Event::InitApply(p));
+        }
+        pod_writer.apply_watcher_event(&watcher::Event::InitDone);
+        let mut c = Controller::new(policy(headroom), Metrics::default());
+        load_stores(&mut c, &node_store, &pod_store, now());
+        c
+    }
+
+    fn encode(m: &Metrics) -> String {
+        let mut r = Registry::with_prefix("nightshift");
+        m.register(&mut r);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &r).expect("encode");
+        out
+    }
+
+    #[test]
+    fn a_standby_computes_marks_but_never_patches() {
+        let mut c = loaded(0, vec![node("a", 8).build()], vec![]);
+        assert!(c.synced());
+        assert!(c.reconcile(now(), tokio::time::Instant::now()).is_empty());
+        assert_eq!(c.plan().spare_nodes(), 1);
+    }
+
+    #[test]
+    fn the_leader_patches_once_per_change() {
+        let mut c = loaded(
+            0,
+            vec![node("a", 8).build(), node("b", 8).marked(Some(8)).build()],
+            vec![],
+        );
+        c.set_leader(true);
+        let t = tokio::time::Instant::now();
+        let patches = c.reconcile(now(), t);
+        assert_eq!(
+            patches,
+            vec![LabelPatch {
+                node: "a".into(),
+                spare_gpus: Some(8)
+            }]
+        );
+        c.patched(&patches[0]);
+        assert!(
+            c.reconcile(now(), t).is_empty(),
+            "no repeat before the watch reports it"
+        );
+        // A research pod lands on b: its count changes.
+        c.on_pod_event(
+            watcher::Event::Apply(pod("r", "x").on("b").gpus(3).research().build()),
+            now(),
+        );
+        assert_eq!(
+            c.reconcile(now(), t),
+            vec![LabelPatch {
+                node: "b".into(),
+                spare_gpus: Some(5)
+            }]
+        );
+    }
+
+    #[test]
+    fn nothing_is_patched_before_both_caches_are_synced() {
+        let mut c = Controller::new(policy(0), Metrics::default());
+        c.set_leader(true);
+        c.on_node_event(watcher::Event::Init);
+        c.on_node_event(watcher::Event::InitApply(node("a", 8).build()));
+        c.on_node_event(watcher::Event::InitDone);
+        assert!(!c.synced());
+        assert!(c.reconcile(now(), tokio::time::Instant::now()).is_empty());
+    }
+
+    #[test]
+    fn a_node_leaving_the_pool_gets_its_marks_removed() {
+        let mut c = loaded(0, vec![node("a", 8).marked(Some(8)).build()], vec![]);
+        c.set_leader(true);
+        c.on_node_event(watcher::Event::Delete(node("a", 8).marked(Some(8)).build()));
+        let patches = c.reconcile(now(), tokio::time::Instant::now());
+        assert_eq!(
+            patches,
+            vec![LabelPatch {
+                node: "a".into(),
+                spare_gpus: None
+            }]
+        );
+        c.patched(&patches[0]);
+        assert!(c.reconcile(now(), tokio::time::Instant::now()).is_empty());
+    }
+
+    #[test]
+    fn a_node_gone_from_a_relist_gets_its_marks_removed() {
+        let mut c = loaded(
+            0,
+            vec![
+                node("a", 8).marked(Some(8)).build(),
+                node("b", 8).marked(Some(8)).build(),
+            ],
+            vec![],
+        );
+        c.set_leader(true);
+        c.on_node_event(watcher::Event::Init);
+        c.on_node_event(watcher::Event::InitApply(
+            node("b", 8).marked(Some(8)).build(),
+        ));
+        c.on_node_event(watcher::Event::InitDone);
+        let patches = c.reconcile(now(), tokio::time::Instant::now());
+        assert_eq!(
+            patches,
+            vec![LabelPatch {
+                node: "a".into(),
+                spare_gpus: None
+            }]
+        );
+    }
+
+    #[test]
+    fn cordoning_a_spare_node_unmarks_it() {
+        let mut c = loaded(0, vec![node("a", 8).marked(Some(8)).build()], vec![]);
+        c.set_leader(true);
+        c.on_node_event(watcher::Event::Apply(
+            node("a", 8).marked(Some(8)).cordoned().build(),
+        ));
+        assert_eq!(
+            c.reconcile(now(), tokio::time::Instant::now()),
+            vec![LabelPatch {
+                node: "a".into(),
+                spare_gpus: None
+            }]
+        );
+    }
+
+    #[test]
+    fn a_closed_lending_window_unmarks_every_node() {
+        let mut c = loaded(0, vec![node("a", 8).marked(Some(8)).build()], vec![]);
+        c.policy.windows = "20:00-08:00@UTC".parse().expect("windows");
+        c.set_leader(true);
+        let noon: Timestamp = "2026-03-02T12:00:00Z".parse().expect("ts");
+        let patches = c.reconcile(noon, tokio::time::Instant::now());
+        assert_eq!(patches.len(), 1);
+        assert_eq!(patches[0].spare_gpus, None);
+        let night: Timestamp = "2026-03-02T22:00:00Z".parse().expect("ts");
+        assert!(c.reconcile(night, tokio::time::Instant::now()).is_empty());
+    }
+
+    #[test]
+    fn preemptions_are_counted_by_reason_and_listed_newest_first() {
+        let mut c = loaded(0, vec![node("a", 8).build()], vec![]);
+        let start = Timestamp::from_second(1_999_996_400).expect("ts");
+        for (name, reason) in [
+            ("j1", "PreemptionByScheduler"),
+            ("j2", "EvictionByEvictionAPI"),
+        ] {
+            let p = pod("res", name).on("a").gpus(2).research().started(start);
+            c.on_pod_event(watcher::Event::Apply(p.clone().build()), now());
+            c.on_pod_event(
+                watcher::Event::Apply(p.disrupted(reason, now()).build()),
+                now(),
+            );
+        }
+        let text = encode(c.metrics());
+        assert!(
+            text.contains(r#"nightshift_pool_preemptions_total{reason="PreemptionByScheduler"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"reason="EvictionByEvictionAPI"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains("nightshift_pool_disrupted_pod_runtime_seconds_count 2"),
+            "{text}"
+        );
+        let s = c.status(now());
+        assert_eq!(s.recent_disruptions.len(), 2);
+        assert_eq!(s.recent_disruptions[0].name, "j2");
+        assert_eq!(s.recent_disruptions[0].ran_seconds, Some(3600));
+    }
+
+    #[test]
+    fn the_list_of_recent_disruptions_is_bounded() {
+        let mut c = loaded(0, vec![node("a", 8).build()], vec![]);
+        for i in 0..(RECENT_DISRUPTIONS + 5) {
+            let p = pod("res", &format!("j{i}")).on("a").research();
+            c.on_pod_event(watcher::Event::Apply(p.clone().build()), now());
+            c.on_pod_event(
+                watcher::Event::Apply(p.disrupted("PreemptionByScheduler", now()).build()),
+                now(),
+            );
+        }
+        assert_eq!(c.status(now()).recent_disruptions.len(), RECENT_DISRUPTIONS);
+    }
+
+    #[test]
+    fn lent_gpu_seconds_accumulate_between_passes() {
+        let mut c = loaded(
+            0,
+            vec![node("a", 8).build()],
+            vec![pod("r", "x").on("a").gpus(3).research().build()],
+        );
+        let t0 = tokio::time::Instant::now();
+        c.reconcile(now(), t0);
+        c.reconcile(now(), t0 + Duration::from_secs(10));
+        let text = encode(c.metrics());
+        assert!(
+            text.contains("nightshift_pool_lent_gpu_seconds_total 30"),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"nightshift_pool_gpus{state="lent"} 3"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"nightshift_pool_gpus{state="free"} 5"#),
+            "{text}"
+        );
+        assert!(text.contains("nightshift_pool_spare_nodes 1"), "{text}");
+    }
+
+    #[test]
+    fn status_lists_nodes_research_pods_and_marks() {
+        let created = Timestamp::from_second(1_999_999_000).expect("ts");
+        let mut c = loaded(
+            8,
+            vec![node("a", 8).build(), node("b", 8).marked(Some(6)).build()],
+            vec![
+                pod("inf", "v").on("b").gpus(1).build(),
+                pod("res", "sft")
+                    .on("b")
+                    .gpus(1)
+                    .research()
+                    .created(created)
+                    .build(),
+                pod("res", "queued")
+                    .unbound()
+                    .research()
+                    .created(created)
+                    .build(),
+            ],
+        );
+        c.reconcile(now(), tokio::time::Instant::now());
+        let s = c.status(now());
+        assert_eq!(s.nodes.len(), 2);
+        assert_eq!(s.nodes[0].state, Verdict::Headroom);
+        assert_eq!(s.nodes[1].spare_gpus, Some(6));
+        assert_eq!(s.nodes[1].marked_spare_gpus.as_deref(), Some("6"));
+        assert_eq!(s.research_pods.len(), 2);
+        assert_eq!(s.research_pods[0].name, "queued");
+        assert_eq!(s.research_pods[1].age_seconds, Some(1000));
+        let text = s.render();
+        assert!(
+            text.contains("GPU pool: 2 nodes, 16 GPUs: 1 protected, 1 lent, 14 free"),
+            "{text}"
+        );
+        assert!(text.contains("headroom"), "{text}");
+        assert!(text.contains("sft"), "{text}");
+        let json = serde_json::to_string(&s).expect("json");
+        let back: crate::pool::status::StatusReport = serde_json::from_str(&json).expect("parse");
+        assert_eq!(back, s);
+    }
+}

@@ -1,0 +1,216 @@
+//! Lending windows: daily time ranges in a time zone during which research work may be given
+//! spare GPUs (e.g. `20:00-08:00@Asia/Seoul`). Outside every window no node is marked spare.
+//! With no window configured, lending is continuous.
+//!
+//! Pure: the caller passes the instant to check.
+
+use std::{fmt, str::FromStr};
+
+use jiff::{Timestamp, civil::Time, tz::TimeZone};
+
+/// Errors in a lending-window specification.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WindowError {
+    #[error(
+        "lending window {0:?} must look like HH:MM-HH:MM@Area/City (e.g. 20:00-08:00@Asia/Seoul)"
+    )]
+    Shape(String),
+    #[error("lending window {spec:?}: {time:?} is not a time of day (HH:MM)")]
+    Time { spec: String, time: String },
+    #[error(
+        "lending window {spec:?}: unknown time zone {zone:?} (use an IANA name such as Asia/Seoul or UTC)"
+    )]
+    Zone { spec: String, zone: String },
+}
+
+/// One daily window. `start == end` means the whole day; `start > end` wraps past midnight.
+#[derive(Clone, Debug)]
+pub struct Window {
+    spec: String,
+    start: Time,
+    end: Time,
+    zone: TimeZone,
+}
+
+impl PartialEq for Window {
+    fn eq(&self, other: &Self) -> bool {
+        self.spec == other.spec
+    }
+}
+
+impl fmt::Display for Window {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.spec)
+    }
+}
+
+fn parse_time(spec: &str, s: &str) -> Result<Time, WindowError> {
+    let err = || WindowError::Time {
+        spec: spec.to_string(),
+        time: s.to_string(),
+    };
+    let (h, m) = s.trim().split_once(':').ok_or_else(err)?;
+    let h: i8 = h.parse().map_err(|_| err())?;
+    let m: i8 = m.parse().map_err(|_| err())?;
+    if h == 24 && m == 0 {
+        // `24:00` as an end means midnight.
+        return Ok(Time::midnight());
+    }
+    Time::new(h, m, 0, 0).map_err(|_| err())
+}
+
+impl FromStr for Window {
+    type Err = WindowError;
+
+    fn from_str(spec: &str) -> Result<Self, Self::Err> {
+        let spec = spec.trim();
+        let (range, zone) = match spec.split_once('@') {
+            Some((r, z)) => (r, z.trim()),
+            None => (spec, "UTC"),
+        };
+        let (start, end) = range
+            .split_once('-')
+            .ok_or_else(|| WindowError::Shape(spec.to_string()))?;
+        let start = parse_time(spec, start)?;
+        let end = parse_time(spec, end)?;
+        let zone = TimeZone::get(zone).map_err(|_| WindowError::Zone {
+            spec: spec.to_string(),
+            zone: zone.to_string(),
+        })?;
+        Ok(Self {
+            spec: spec.to_string(),
+            start,
+            end,
+            zone,
+        })
+    }
+}
+
+impl Window {
+    /// Whether `now` falls inside this window (start inclusive, end exclusive).
+    pub fn contains(&self, now: Timestamp) -> bool {
+        let t = now.to_zoned(self.zone.clone()).time();
+        match self.start.cmp(&self.end) {
+            std::cmp::Ordering::Equal => true,
+            std::cmp::Ordering::Less => self.start <= t && t < self.end,
+            std::cmp::Ordering::Greater => t >= self.start || t < self.end,
+        }
+    }
+}
+
+/// The configured windows; empty means lending is always open.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Windows(pub Vec<Window>);
+
+impl FromStr for Windows {
+    type Err = WindowError;
+
+    /// Parses a comma-separated list; an empty string means continuous lending.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.split(',')
+            .filter(|p| !p.trim().is_empty())
+            .map(str::parse)
+            .collect::<Result<Vec<_>, _>>()
+            .map(Windows)
+    }
+}
+
+impl Windows {
+    /// Whether lending is open at `now`.
+    pub fn open(&self, now: Timestamp) -> bool {
+        self.0.is_empty() || self.0.iter().any(|w| w.contains(now))
+    }
+}
+
+impl fmt::Display for Windows {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("always");
+        }
+        let parts: Vec<String> = self.0.iter().map(ToString::to_string).collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> Timestamp {
+        s.parse().expect("timestamp")
+    }
+
+    #[test]
+    fn overnight_window_wraps_past_midnight_in_its_own_zone() {
+        let w: Window = "20:00-08:00@Asia/Seoul".parse().expect("window");
+        // Seoul is UTC+9 all year.
+        assert!(w.contains(at("2026-03-02T11:00:00Z")), "20:00 KST opens");
+        assert!(w.contains(at("2026-03-02T15:00:00Z")), "00:00 KST");
+        assert!(w.contains(at("2026-03-02T22:59:00Z")), "07:59 KST");
+        assert!(!w.contains(at("2026-03-02T23:00:00Z")), "08:00 KST closes");
+        assert!(!w.contains(at("2026-03-02T03:00:00Z")), "12:00 KST");
+        assert!(!w.contains(at("2026-03-02T10:59:59Z")), "19:59 KST");
+    }
+
+    #[test]
+    fn daytime_window_is_start_inclusive_end_exclusive() {
+        let w: Window = "09:30-17:00@UTC".parse().expect("window");
+        assert!(!w.contains(at("2026-03-02T09:29:59Z")));
+        assert!(w.contains(at("2026-03-02T09:30:00Z")));
+        assert!(!w.contains(at("2026-03-02T17:00:00Z")));
+    }
+
+    #[test]
+    fn window_follows_daylight_saving_time() {
+        let w: Window = "20:00-08:00@Europe/Paris".parse().expect("window");
+        // Winter: UTC+1, summer: UTC+2.
+        assert!(w.contains(at("2026-01-15T19:00:00Z")));
+        assert!(!w.contains(at("2026-07-15T17:30:00Z")));
+        assert!(w.contains(at("2026-07-15T18:00:00Z")));
+    }
+
+    #[test]
+    fn equal_bounds_and_24_00_cover_the_day() {
+        let whole: Window = "00:00-00:00@UTC".parse().expect("window");
+        assert!(whole.contains(at("2026-03-02T13:00:00Z")));
+        let evening: Window = "18:00-24:00@UTC".parse().expect("window");
+        assert!(evening.contains(at("2026-03-02T23:59:00Z")));
+        assert!(!evening.contains(at("2026-03-02T00:00:00Z")));
+    }
+
+    #[test]
+    fn no_window_means_continuous_lending() {
+        let w: Windows = "".parse().expect("windows");
+        assert!(w.open(at("2026-03-02T12:00:00Z")));
+        assert_eq!(w.to_string(), "always");
+    }
+
+    #[test]
+    fn several_windows_are_ored() {
+        let w: Windows = "01:00-02:00@UTC, 12:00-13:00@UTC".parse().expect("windows");
+        assert!(w.open(at("2026-03-02T01:30:00Z")));
+        assert!(w.open(at("2026-03-02T12:30:00Z")));
+        assert!(!w.open(at("2026-03-02T05:00:00Z")));
+    }
+
+    #[test]
+    fn bad_windows_are_explained() {
+        assert!(matches!(
+            "20:00@UTC".parse::<Window>(),
+            Err(WindowError::Shape(_))
+        ));
+        assert!(matches!(
+            "25:00-08:00@UTC".parse::<Window>(),
+            Err(WindowError::Time { .. })
+        ));
+        assert!(matches!(
+            "20:00-08:00@Mars/Olympus".parse::<Window>(),
+            Err(WindowError::Zone { .. })
+        ));
+        let msg = "8pm-8am@UTC"
+            .parse::<Window>()
+            .expect_err("bad")
+            .to_string();
+        assert!(msg.contains("HH:MM"), "{msg}");
+    }
+}
