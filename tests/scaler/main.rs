@@ -2,6 +2,7 @@
 //! emulator.
 
 mod emulator;
+mod fake_prometheus;
 mod grpc;
 mod harness;
 mod real_prometheus;
