@@ -58,12 +58,12 @@ pub const KEYS: &[(&str, &str)] = &[
     ("metricLabels", "extra label matchers k=v,k2=v2"),
     ("namespaceLabel", "Prometheus label holding the namespace"),
     ("podLabel", "Prometheus label holding the pod name"),
-    ("waitingTarget", "waiting requests per replica"),
-    ("runningTarget", "running requests per replica"),
-    ("kvCacheTarget", "KV-cache fraction per replica"),
-    ("generationTokensTarget", "generated tokens/s per replica"),
+    ("targetWaiting", "waiting requests per replica"),
+    ("targetRunning", "running requests per replica"),
+    ("targetKvCache", "KV-cache fraction per replica"),
+    ("targetGenerationTokens", "generated tokens/s per replica"),
     ("query", "raw PromQL returning one element"),
-    ("queryTarget", "per-replica target for query"),
+    ("targetQuery", "per-replica target for query"),
     (
         "activationThreshold",
         "demand (replicas) above which the workload is active",
@@ -312,7 +312,7 @@ pub fn parse(
         "namespaceLabel",
         "podLabel",
         "query",
-        "queryTarget",
+        "targetQuery",
         "bearerToken",
         "username",
         "password",
@@ -463,16 +463,16 @@ pub fn parse(
     };
 
     let targets = Targets {
-        waiting: r.positive("waitingTarget"),
-        running: r.positive("runningTarget"),
-        kv_cache: r.positive("kvCacheTarget"),
-        generation_tokens: r.positive("generationTokensTarget"),
+        waiting: r.positive("targetWaiting"),
+        running: r.positive("targetRunning"),
+        kv_cache: r.positive("targetKvCache"),
+        generation_tokens: r.positive("targetGenerationTokens"),
     };
     if let Some(kv) = targets.kv_cache
         && kv > 1.0
     {
         r.bad(
-            "kvCacheTarget",
+            "targetKvCache",
             format!("{kv} is a fraction of the cache and must be ≤ 1"),
         );
     }
@@ -480,19 +480,19 @@ pub fn parse(
         || targets.running.is_some()
         || targets.kv_cache.is_some()
         || targets.generation_tokens.is_some();
-    let query = match (r.text("query"), r.positive("queryTarget")) {
+    let query = match (r.text("query"), r.positive("targetQuery")) {
         (Some(q), Some(t)) => Some(RawQuery {
             query: q.to_string(),
             target: t,
         }),
         (Some(_), None) => {
-            if r.text("queryTarget").is_none() {
-                r.bad("queryTarget", "required with query");
+            if r.text("targetQuery").is_none() {
+                r.bad("targetQuery", "required with query");
             }
             None
         }
         (None, Some(_)) => {
-            r.bad("queryTarget", "only applies with query");
+            r.bad("targetQuery", "only applies with query");
             None
         }
         (None, None) => None,
@@ -500,13 +500,15 @@ pub fn parse(
     if r.text("query").is_some() && any_target {
         r.bad(
             "query",
-            "replaces the signal targets; remove waitingTarget/runningTarget/kvCacheTarget/generationTokensTarget",
+            "replaces the signal targets; remove targetWaiting/targetRunning/targetKvCache/targetGenerationTokens",
         );
     }
-    if r.text("query").is_none() && !any_target && !r.problems.iter().any(|p| p.contains("Target:"))
+    if r.text("query").is_none()
+        && !any_target
+        && !r.problems.iter().any(|p| p.starts_with("target"))
     {
         r.problems.push(
-            "waitingTarget, runningTarget, kvCacheTarget, generationTokensTarget: set at least one per-replica target (or query with queryTarget)".into(),
+            "targetWaiting, targetRunning, targetKvCache, targetGenerationTokens: set at least one per-replica target (or query with targetQuery)".into(),
         );
     }
     let activation_threshold = r.non_negative("activationThreshold", 0.0);
@@ -575,8 +577,8 @@ mod tests {
         let c = ok(&[
             ("serverAddress", "http://prom:9090/"),
             ("model", "llama"),
-            ("waitingTarget", "5"),
-            ("kvCacheTarget", "0.8"),
+            ("targetWaiting", "5"),
+            ("targetKvCache", "0.8"),
         ]);
         let Source::Prometheus { server, labels } = &c.source else {
             panic!("expected Prometheus, got {:?}", c.source);
@@ -602,7 +604,7 @@ mod tests {
             ("service", "llama-vllm"),
             ("port", "http"),
             ("namespace", "inference"),
-            ("runningTarget", "16"),
+            ("targetRunning", "16"),
             ("timeout", "500ms"),
         ]);
         let Source::Scrape(t) = &c.source else {
@@ -620,7 +622,7 @@ mod tests {
         assert_eq!(t.path, "/metrics");
         let c = ok(&[
             ("endpoints", "10.0.0.2:8000, 10.0.0.1:8000"),
-            ("generationTokensTarget", "1500"),
+            ("targetGenerationTokens", "1500"),
         ]);
         let Source::Scrape(t) = &c.source else {
             panic!("expected scrape");
@@ -635,7 +637,7 @@ mod tests {
     fn auth_headers_and_keda_keys() {
         let c = ok(&[
             ("serverAddress", "https://prom"),
-            ("waitingTarget", "1"),
+            ("targetWaiting", "1"),
             ("bearerTokenFromEnv", "s3cret"),
             ("customHeaders", "X-Scope-OrgID=tenant-1, X-Extra=\"a b\""),
             ("prometheusUnsafeSsl", "true"),
@@ -657,7 +659,7 @@ mod tests {
         let c = ok(&[
             ("serverAddress", "https://prom"),
             ("query", "sum(x)"),
-            ("queryTarget", "10"),
+            ("targetQuery", "10"),
             ("username", "u"),
             ("password", "p"),
         ]);
@@ -675,17 +677,17 @@ mod tests {
     fn every_malformed_key_is_named() {
         let base = [
             ("serverAddress", "http://prom:9090"),
-            ("waitingTarget", "5"),
+            ("targetWaiting", "5"),
         ];
         let cases: &[(&[(&str, &str)], &str)] = &[
-            (&[("waitingTarget", "-1")], "waitingTarget"),
-            (&[("waitingTarget", "0")], "waitingTarget"),
-            (&[("waitingTarget", "NaN")], "waitingTarget"),
-            (&[("runningTarget", "lots")], "runningTarget"),
-            (&[("kvCacheTarget", "80")], "kvCacheTarget"),
+            (&[("targetWaiting", "-1")], "targetWaiting"),
+            (&[("targetWaiting", "0")], "targetWaiting"),
+            (&[("targetWaiting", "NaN")], "targetWaiting"),
+            (&[("targetRunning", "lots")], "targetRunning"),
+            (&[("targetKvCache", "80")], "targetKvCache"),
             (
-                &[("generationTokensTarget", "inf")],
-                "generationTokensTarget",
+                &[("targetGenerationTokens", "inf")],
+                "targetGenerationTokens",
             ),
             (&[("activationThreshold", "-2")], "activationThreshold"),
             (&[("emptyResult", "ignore")], "emptyResult"),
@@ -699,7 +701,7 @@ mod tests {
                 &[("namespaceLabel", "kubernetes.namespace")],
                 "namespaceLabel",
             ),
-            (&[("podLabel", "")], "waitingTarget"), // empty value = unset: still valid
+            (&[("podLabel", "")], "targetWaiting"), // empty value = unset: still valid
             (&[("customHeaders", "Bad Header=1")], "customHeaders"),
             (&[("prometheusCaCert", "not a pem")], "prometheusCaCert"),
             (&[("prometheusUnsafeSsl", "yes")], "prometheusUnsafeSsl"),
@@ -707,12 +709,12 @@ mod tests {
             (&[("bearerToken", "t"), ("username", "u")], "bearerToken"),
             (&[("username", "u")], "password"),
             (&[("password", "p")], "username"),
-            (&[("query", "sum(x)")], "queryTarget"),
-            (&[("queryTarget", "3")], "queryTarget"),
-            (&[("query", "sum(x)"), ("queryTarget", "3")], "query"),
+            (&[("query", "sum(x)")], "targetQuery"),
+            (&[("targetQuery", "3")], "targetQuery"),
+            (&[("query", "sum(x)"), ("targetQuery", "3")], "query"),
             (&[("port", "8000")], "port"),
-            (&[("waitngTarget", "5")], "waitngTarget: unknown key"),
-            (&[("WaitingTarget", "5")], "did you mean waitingTarget?"),
+            (&[("targetWaitng", "5")], "targetWaitng: unknown key"),
+            (&[("TargetWaiting", "5")], "did you mean targetWaiting?"),
             (&[("service", "svc")], "serverAddress, service"),
         ];
         for (overrides, expected) in cases {
@@ -725,7 +727,7 @@ mod tests {
                     e.to_string().contains(expected),
                     "{overrides:?}: {e} should mention {expected}"
                 ),
-                Ok(_) if *expected == "waitingTarget" => {}
+                Ok(_) if *expected == "targetWaiting" => {}
                 Ok(c) => panic!("{overrides:?} was accepted: {c:?}"),
             }
         }
@@ -735,22 +737,22 @@ mod tests {
     fn scrape_keys_are_validated() {
         let cases: &[(&[(&str, &str)], &str)] = &[
             (
-                &[("service", "Bad_Name"), ("waitingTarget", "1")],
+                &[("service", "Bad_Name"), ("targetWaiting", "1")],
                 "service",
             ),
             (
-                &[("endpoints", "10.0.0.1"), ("waitingTarget", "1")],
+                &[("endpoints", "10.0.0.1"), ("targetWaiting", "1")],
                 "endpoints",
             ),
             (
-                &[("endpoints", "a:1"), ("port", "80"), ("waitingTarget", "1")],
+                &[("endpoints", "a:1"), ("port", "80"), ("targetWaiting", "1")],
                 "port",
             ),
             (
                 &[
                     ("endpoints", "a:1"),
                     ("scheme", "ftp"),
-                    ("waitingTarget", "1"),
+                    ("targetWaiting", "1"),
                 ],
                 "scheme",
             ),
@@ -758,7 +760,7 @@ mod tests {
                 &[
                     ("endpoints", "a:1"),
                     ("metricsPath", "metrics"),
-                    ("waitingTarget", "1"),
+                    ("targetWaiting", "1"),
                 ],
                 "metricsPath",
             ),
@@ -766,16 +768,16 @@ mod tests {
                 &[
                     ("endpoints", "a:1"),
                     ("bearerToken", "t"),
-                    ("waitingTarget", "1"),
+                    ("targetWaiting", "1"),
                 ],
                 "bearerToken",
             ),
             (
-                &[("endpoints", "a:1"), ("query", "up"), ("queryTarget", "1")],
+                &[("endpoints", "a:1"), ("query", "up"), ("targetQuery", "1")],
                 "query",
             ),
             (&[("endpoints", "a:1")], "at least one per-replica target"),
-            (&[("waitingTarget", "1")], "one is required"),
+            (&[("targetWaiting", "1")], "one is required"),
         ];
         for (pairs, expected) in cases {
             let e = err(pairs);
@@ -790,12 +792,12 @@ mod tests {
     fn all_problems_are_reported_at_once() {
         let e = err(&[
             ("serverAddress", "http://p"),
-            ("waitingTarget", "x"),
+            ("targetWaiting", "x"),
             ("timeout", "y"),
             ("foo", "1"),
         ]);
         assert!(
-            e.contains("waitingTarget") && e.contains("timeout") && e.contains("foo"),
+            e.contains("targetWaiting") && e.contains("timeout") && e.contains("foo"),
             "{e}"
         );
     }
