@@ -132,8 +132,8 @@ fn request(prom: SocketAddr, i: usize) -> GetMetricsRequest {
     let meta: HashMap<String, String> = [
         ("serverAddress", format!("http://{prom}")),
         ("model", format!("model-{i}")),
-        ("targetWaiting", "2".into()),
-        ("targetKvCache", "0.8".into()),
+        ("waitingTarget", "2".into()),
+        ("kvCacheTarget", "0.8".into()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))

@@ -20,6 +20,7 @@ pub mod runtime;
 pub mod scaler;
 pub mod sources;
 pub mod telemetry;
+pub mod webhook;
 
 /// Installs the process-wide rustls crypto provider (aws-lc-rs).
 ///

@@ -87,10 +87,10 @@ mod tests {
         });
         assert_eq!(Status::from(garbage).code(), Code::Internal);
         let bad = Error::Metadata(MetadataError {
-            problems: vec!["targetWaiting: \"x\" is not a positive number".into()],
+            problems: vec!["waitingTarget: \"x\" is not a positive number".into()],
         });
         let status = Status::from(bad);
         assert_eq!(status.code(), Code::InvalidArgument);
-        assert!(status.message().contains("targetWaiting"));
+        assert!(status.message().contains("waitingTarget"));
     }
 }

@@ -58,12 +58,12 @@ pub const KEYS: &[(&str, &str)] = &[
     ("metricLabels", "extra label matchers k=v,k2=v2"),
     ("namespaceLabel", "Prometheus label holding the namespace"),
     ("podLabel", "Prometheus label holding the pod name"),
-    ("targetWaiting", "waiting requests per replica"),
-    ("targetRunning", "running requests per replica"),
-    ("targetKvCache", "KV-cache fraction per replica"),
-    ("targetGenerationTokens", "generated tokens/s per replica"),
+    ("waitingTarget", "waiting requests per replica"),
+    ("runningTarget", "running requests per replica"),
+    ("kvCacheTarget", "KV-cache fraction per replica"),
+    ("generationTokensTarget", "generated tokens/s per replica"),
     ("query", "raw PromQL returning one element"),
-    ("targetQuery", "per-replica target for query"),
+    ("queryTarget", "per-replica target for query"),
     (
         "activationThreshold",
         "demand (replicas) above which the workload is active",
@@ -312,7 +312,7 @@ pub fn parse(
         "namespaceLabel",
         "podLabel",
         "query",
-        "targetQuery",
+        "queryTarget",
         "bearerToken",
         "username",
         "password",
@@ -463,16 +463,16 @@ pub fn parse(
     };
 
     let targets = Targets {
-        waiting: r.positive("targetWaiting"),
-        running: r.positive("targetRunning"),
-        kv_cache: r.positive("targetKvCache"),
-        generation_tokens: r.positive("targetGenerationTokens"),
+        waiting: r.positive("waitingTarget"),
+        running: r.positive("runningTarget"),
+        kv_cache: r.positive("kvCacheTarget"),
+        generation_tokens: r.positive("generationTokensTarget"),
     };
     if let Some(kv) = targets.kv_cache
         && kv > 1.0
     {
         r.bad(
-            "targetKvCache",
+            "kvCacheTarget",
             format!("{kv} is a fraction of the cache and must be ≤ 1"),
         );
     }
@@ -480,19 +480,19 @@ pub fn parse(
         || targets.running.is_some()
         || targets.kv_cache.is_some()
         || targets.generation_tokens.is_some();
-    let query = match (r.text("query"), r.positive("targetQuery")) {
+    let query = match (r.text("query"), r.positive("queryTarget")) {
         (Some(q), Some(t)) => Some(RawQuery {
             query: q.to_string(),
             target: t,
         }),
         (Some(_), None) => {
-            if r.text("targetQuery").is_none() {
-                r.bad("targetQuery", "required with query");
+            if r.text("queryTarget").is_none() {
+                r.bad("queryTarget", "required with query");
             }
             None
         }
         (None, Some(_)) => {
-            r.bad("targetQuery", "only applies with query");
+            r.bad("queryTarget", "only applies with query");
             None
         }
         (None, None) => None,
@@ -500,15 +500,13 @@ pub fn parse(
     if r.text("query").is_some() && any_target {
         r.bad(
             "query",
-            "replaces the signal targets; remove targetWaiting/targetRunning/targetKvCache/targetGenerationTokens",
+            "replaces the signal targets; remove waitingTarget/runningTarget/kvCacheTarget/generationTokensTarget",
         );
     }
-    if r.text("query").is_none()
-        && !any_target
-        && !r.problems.iter().any(|p| p.starts_with("target"))
+    if r.text("query").is_none() && !any_target && !r.problems.iter().any(|p| p.contains("Target:"))
     {
         r.problems.push(
-            "targetWaiting, targetRunning, targetKvCache, targetGenerationTokens: set at least one per-replica target (or query with targetQuery)".into(),
+            "waitingTarget, runningTarget, kvCacheTarget, generationTokensTarget: set at least one per-replica target (or query with queryTarget)".into(),
         );
     }
     let activation_threshold = r.non_negative("activationThreshold", 0.0);
@@ -577,8 +575,8 @@ mod tests {
         let c = ok(&[
             ("serverAddress", "http://prom:9090/"),
             ("model", "llama"),
-            ("targetWaiting", "5"),
-            ("targetKvCache", "0.8"),
+            ("waitingTarget", "5"),
+            ("kvCacheTarget", "0.8"),
         ]);
         let Source::Prometheus { server, labels } = &c.source else {
             panic!("expected Prometheus, got {:?}", c.source);
@@ -604,7 +602,7 @@ mod tests {
             ("service", "llama-vllm"),
             ("port", "http"),
             ("namespace", "inference"),
-            ("targetRunning", "16"),
+            ("runningTarget", "16"),
             ("timeout", "500ms"),
         ]);
         let Source::Scrape(t) = &c.source else {
@@ -622,7 +620,7 @@ mod tests {
         assert_eq!(t.path, "/metrics");
         let c = ok(&[
             ("endpoints", "10.0.0.2:8000, 10.0.0.1:8000"),
-            ("targetGenerationTokens", "1500"),
+            ("generationTokensTarget", "1500"),
         ]);
         let Source::Scrape(t) = &c.source else {
             panic!("expected scrape");
@@ -637,7 +635,7 @@ mod tests {
     fn auth_headers_and_keda_keys() {
         let c = ok(&[
             ("serverAddress", "https://prom"),
-            ("targetWaiting", "1"),
+            ("waitingTarget", "1"),
             ("bearerTokenFromEnv", "s3cret"),
             ("customHeaders", "X-Scope-OrgID=tenant-1, X-Extra=\"a b\""),
             ("prometheusUnsafeSsl", "true"),
@@ -659,7 +657,7 @@ mod tests {
         let c = ok(&[
             ("serverAddress", "https://prom"),
             ("query", "sum(x)"),
-            ("targetQuery", "10"),
+            ("queryTarget", "10"),
             ("username", "u"),
             ("password", "p"),
         ]);
@@ -677,17 +675,17 @@ mod tests {
     fn every_malformed_key_is_named() {
         let base = [
             ("serverAddress", "http://prom:9090"),
-            ("targetWaiting", "5"),
+            ("waitingTarget", "5"),
         ];
         let cases: &[(&[(&str, &str)], &str)] = &[
-            (&[("targetWaiting", "-1")], "targetWaiting"),
-            (&[("targetWaiting", "0")], "targetWaiting"),
-            (&[("targetWaiting", "NaN")], "targetWaiting"),
-            (&[("targetRunning", "lots")], "targetRunning"),
-            (&[("targetKvCache", "80")], "targetKvCache"),
+            (&[("waitingTarget", "-1")], "waitingTarget"),
+            (&[("waitingTarget", "0")], "waitingTarget"),
+            (&[("waitingTarget", "NaN")], "waitingTarget"),
+            (&[("runningTarget", "lots")], "runningTarget"),
+            (&[("kvCacheTarget", "80")], "kvCacheTarget"),
             (
-                &[("targetGenerationTokens", "inf")],
-                "targetGenerationTokens",
+                &[("generationTokensTarget", "inf")],
+                "generationTokensTarget",
             ),
             (&[("activationThreshold", "-2")], "activationThreshold"),
             (&[("emptyResult", "ignore")], "emptyResult"),
@@ -701,7 +699,7 @@ mod tests {
                 &[("namespaceLabel", "kubernetes.namespace")],
                 "namespaceLabel",
             ),
-            (&[("podLabel", "")], "targetWaiting"), // empty value = unset: still valid
+            (&[("podLabel", "")], "waitingTarget"), // empty value = unset: still valid
             (&[("customHeaders", "Bad Header=1")], "customHeaders"),
             (&[("prometheusCaCert", "not a pem")], "prometheusCaCert"),
             (&[("prometheusUnsafeSsl", "yes")], "prometheusUnsafeSsl"),
@@ -709,12 +707,12 @@ mod tests {
             (&[("bearerToken", "t"), ("username", "u")], "bearerToken"),
             (&[("username", "u")], "password"),
             (&[("password", "p")], "username"),
-            (&[("query", "sum(x)")], "targetQuery"),
-            (&[("targetQuery", "3")], "targetQuery"),
-            (&[("query", "sum(x)"), ("targetQuery", "3")], "query"),
+            (&[("query", "sum(x)")], "queryTarget"),
+            (&[("queryTarget", "3")], "queryTarget"),
+            (&[("query", "sum(x)"), ("queryTarget", "3")], "query"),
             (&[("port", "8000")], "port"),
-            (&[("targetWaitng", "5")], "targetWaitng: unknown key"),
-            (&[("TargetWaiting", "5")], "did you mean targetWaiting?"),
+            (&[("waitngTarget", "5")], "waitngTarget: unknown key"),
+            (&[("WaitingTarget", "5")], "did you mean waitingTarget?"),
             (&[("service", "svc")], "serverAddress, service"),
         ];
         for (overrides, expected) in cases {
@@ -727,7 +725,7 @@ mod tests {
                     e.to_string().contains(expected),
                     "{overrides:?}: {e} should mention {expected}"
                 ),
-                Ok(_) if *expected == "targetWaiting" => {}
+                Ok(_) if *expected == "waitingTarget" => {}
                 Ok(c) => panic!("{overrides:?} was accepted: {c:?}"),
             }
         }
@@ -737,22 +735,22 @@ mod tests {
     fn scrape_keys_are_validated() {
         let cases: &[(&[(&str, &str)], &str)] = &[
             (
-                &[("service", "Bad_Name"), ("targetWaiting", "1")],
+                &[("service", "Bad_Name"), ("waitingTarget", "1")],
                 "service",
             ),
             (
-                &[("endpoints", "10.0.0.1"), ("targetWaiting", "1")],
+                &[("endpoints", "10.0.0.1"), ("waitingTarget", "1")],
                 "endpoints",
             ),
             (
-                &[("endpoints", "a:1"), ("port", "80"), ("targetWaiting", "1")],
+                &[("endpoints", "a:1"), ("port", "80"), ("waitingTarget", "1")],
                 "port",
             ),
             (
                 &[
                     ("endpoints", "a:1"),
                     ("scheme", "ftp"),
-                    ("targetWaiting", "1"),
+                    ("waitingTarget", "1"),
                 ],
                 "scheme",
             ),
@@ -760,7 +758,7 @@ mod tests {
                 &[
                     ("endpoints", "a:1"),
                     ("metricsPath", "metrics"),
-                    ("targetWaiting", "1"),
+                    ("waitingTarget", "1"),
                 ],
                 "metricsPath",
             ),
@@ -768,16 +766,16 @@ mod tests {
                 &[
                     ("endpoints", "a:1"),
                     ("bearerToken", "t"),
-                    ("targetWaiting", "1"),
+                    ("waitingTarget", "1"),
                 ],
                 "bearerToken",
             ),
             (
-                &[("endpoints", "a:1"), ("query", "up"), ("targetQuery", "1")],
+                &[("endpoints", "a:1"), ("query", "up"), ("queryTarget", "1")],
                 "query",
             ),
             (&[("endpoints", "a:1")], "at least one per-replica target"),
-            (&[("targetWaiting", "1")], "one is required"),
+            (&[("waitingTarget", "1")], "one is required"),
         ];
         for (pairs, expected) in cases {
             let e = err(pairs);
@@ -792,12 +790,12 @@ mod tests {
     fn all_problems_are_reported_at_once() {
         let e = err(&[
             ("serverAddress", "http://p"),
-            ("targetWaiting", "x"),
+            ("waitingTarget", "x"),
             ("timeout", "y"),
             ("foo", "1"),
         ]);
         assert!(
-            e.contains("targetWaiting") && e.contains("timeout") && e.contains("foo"),
+            e.contains("waitingTarget") && e.contains("timeout") && e.contains("foo"),
             "{e}"
         );
     }

@@ -169,8 +169,8 @@ async fn one_upstream_query_per_family_serves_a_thousand_scaled_objects() {
             &[
                 ("serverAddress", &address),
                 ("model", &format!("model-{i}")),
-                ("targetWaiting", "1"),
-                ("targetKvCache", "0.5"),
+                ("waitingTarget", "1"),
+                ("kvCacheTarget", "0.5"),
                 // Generous: this test counts queries, and the machine may be busy.
                 ("timeout", "30s"),
             ],
@@ -198,7 +198,7 @@ async fn raw_query_divides_its_single_value_by_its_target() {
         &[
             ("serverAddress", &prom.address()),
             ("query", "sum(my_queue)"),
-            ("targetQuery", "2"),
+            ("queryTarget", "2"),
         ],
     );
     let v = get_metrics(&mut c, &so).await.expect("metrics");
@@ -215,7 +215,7 @@ async fn garbage_slow_and_refusing_prometheus_are_explicit_errors() {
         &[
             ("serverAddress", &prom.address()),
             ("model", "model-0"),
-            ("targetWaiting", "1"),
+            ("waitingTarget", "1"),
             ("timeout", "300ms"),
         ],
     );
@@ -236,7 +236,7 @@ async fn garbage_slow_and_refusing_prometheus_are_explicit_errors() {
         &[
             ("serverAddress", &prom.address()),
             ("query", "sum(("),
-            ("targetQuery", "1"),
+            ("queryTarget", "1"),
         ],
     );
     let e = get_metrics(&mut c, &raw).await.expect_err("bad query");
@@ -248,7 +248,7 @@ async fn garbage_slow_and_refusing_prometheus_are_explicit_errors() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         format!("http://{}", l.local_addr().expect("addr"))
     };
-    let down = scaled_object("m", &[("serverAddress", &closed), ("targetWaiting", "1")]);
+    let down = scaled_object("m", &[("serverAddress", &closed), ("waitingTarget", "1")]);
     let e = get_metrics(&mut c, &down).await.expect_err("down");
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
 }

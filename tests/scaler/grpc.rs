@@ -44,7 +44,7 @@ fn scrape_trigger(endpoints: &str, extra: &[(&'static str, &'static str)]) -> Sc
 async fn metric_spec_has_a_fixed_non_zero_target_in_both_fields() {
     let s = ScalerUnderTest::start(Duration::from_millis(100)).await;
     let mut c = s.client().await;
-    let so = scrape_trigger("127.0.0.1:1", &[("targetWaiting", "5")]);
+    let so = scrape_trigger("127.0.0.1:1", &[("waitingTarget", "5")]);
     let spec = c.get_metric_spec(so).await.expect("spec").into_inner();
     assert_eq!(spec.metric_specs.len(), 1);
     assert_eq!(spec.metric_specs[0].metric_name, "vllm-demand");
@@ -63,8 +63,8 @@ async fn demand_sums_engines_and_pods_and_reads_old_names() {
         &[
             ("endpoints", &endpoints),
             ("model", "llama"),
-            ("targetWaiting", "4"),
-            ("targetKvCache", "0.6"),
+            ("waitingTarget", "4"),
+            ("kvCacheTarget", "0.6"),
         ],
     );
     // waiting 3+1+2 = 6 → 1.5 replicas; KV (0.5+0.3)/2 + 0.8 = 1.2 → 2 replicas: KV drives.
@@ -97,7 +97,7 @@ async fn demand_follows_values_changed_during_the_test() {
     let mut c = s.client().await;
     let so = scrape_trigger(
         &format!("{},{}", new.endpoint(), old.endpoint()),
-        &[("targetWaiting", "2")],
+        &[("waitingTarget", "2")],
     );
     assert_eq!(
         get_metrics(&mut c, &so)
@@ -135,7 +135,7 @@ async fn generation_token_rates_come_from_counters() {
     let c = s.client().await;
     let so = scrape_trigger(
         &pod.endpoint(),
-        &[("targetGenerationTokens", "100"), ("rateWindow", "1s")],
+        &[("generationTokensTarget", "100"), ("rateWindow", "1s")],
     );
     // Each engine produces 1000 tokens/s of wall-clock time: 2000 tokens/s for the pod.
     let start = std::time::Instant::now();
@@ -166,11 +166,11 @@ async fn is_active_respects_the_activation_threshold() {
     // 3 waiting / 2 per replica = 1.5 replicas.
     let low = scrape_trigger(
         &pod.endpoint(),
-        &[("targetWaiting", "2"), ("activationThreshold", "1")],
+        &[("waitingTarget", "2"), ("activationThreshold", "1")],
     );
     let high = scrape_trigger(
         &pod.endpoint(),
-        &[("targetWaiting", "2"), ("activationThreshold", "2")],
+        &[("waitingTarget", "2"), ("activationThreshold", "2")],
     );
     assert!(c.is_active(low).await.expect("ok").into_inner().result);
     assert!(!c.is_active(high).await.expect("ok").into_inner().result);
@@ -182,7 +182,7 @@ async fn stream_is_active_sends_only_transitions() {
     let s = ScalerUnderTest::start_with(Duration::from_millis(5), Duration::from_millis(20), None)
         .await;
     let mut c = s.client().await;
-    let so = scrape_trigger(&pod.endpoint(), &[("targetWaiting", "2")]);
+    let so = scrape_trigger(&pod.endpoint(), &[("waitingTarget", "2")]);
     let mut stream = c.stream_is_active(so).await.expect("stream").into_inner();
     let first = stream.message().await.expect("ok").expect("a first state");
     assert!(!first.result);
@@ -212,7 +212,7 @@ async fn stream_metric_spec_is_unimplemented_so_keda_falls_back() {
     let s = ScalerUnderTest::start(Duration::from_millis(10)).await;
     let mut c = s.client().await;
     let err = c
-        .stream_metric_spec(scrape_trigger("127.0.0.1:1", &[("targetWaiting", "1")]))
+        .stream_metric_spec(scrape_trigger("127.0.0.1:1", &[("waitingTarget", "1")]))
         .await
         .expect_err("unimplemented");
     assert_eq!(err.code(), Code::Unimplemented);
@@ -245,22 +245,22 @@ async fn malformed_metadata_is_invalid_argument_naming_the_key() {
     let mut c = s.client().await;
     let cases: &[(&[(&str, &str)], &str)] = &[
         (
-            &[("endpoints", "127.0.0.1:1"), ("targetWaiting", "-3")],
-            "targetWaiting",
+            &[("endpoints", "127.0.0.1:1"), ("waitingTarget", "-3")],
+            "waitingTarget",
         ),
         (
             &[
                 ("endpoints", "127.0.0.1:1"),
-                ("targetWaiting", "1"),
+                ("waitingTarget", "1"),
                 ("colour", "blue"),
             ],
             "colour",
         ),
         (
-            &[("endpoints", "nowhere"), ("targetWaiting", "1")],
+            &[("endpoints", "nowhere"), ("waitingTarget", "1")],
             "endpoints",
         ),
-        (&[("targetWaiting", "1")], "serverAddress"),
+        (&[("waitingTarget", "1")], "serverAddress"),
     ];
     for (meta, key) in cases {
         let so = scaled_object("bad", meta);
@@ -308,7 +308,7 @@ async fn unreachable_slow_broken_and_garbage_pods_are_errors_not_zeros() {
     };
     let msg = expect_error(
         &mut c,
-        &scrape_trigger(&closed, &[("targetWaiting", "1")]),
+        &scrape_trigger(&closed, &[("waitingTarget", "1")]),
         Code::Unavailable,
     )
     .await;
@@ -317,7 +317,7 @@ async fn unreachable_slow_broken_and_garbage_pods_are_errors_not_zeros() {
     let pod = Emulator::start("llama", 1, false).await;
     let so = scrape_trigger(
         &pod.endpoint(),
-        &[("targetWaiting", "1"), ("timeout", "200ms")],
+        &[("waitingTarget", "1"), ("timeout", "200ms")],
     );
     pod.behave(Behaviour::Slow(Duration::from_secs(3)));
     let started = std::time::Instant::now();
@@ -344,7 +344,7 @@ async fn unreachable_slow_broken_and_garbage_pods_are_errors_not_zeros() {
         &mut c,
         &scrape_trigger(
             &format!("{},{closed}", pod.endpoint()),
-            &[("targetWaiting", "1")],
+            &[("waitingTarget", "1")],
         ),
         Code::Unavailable,
     )
@@ -362,7 +362,7 @@ async fn a_missing_model_is_an_error_unless_empty_means_zero() {
         &[
             ("endpoints", &pod.endpoint()),
             ("model", "qwen"),
-            ("targetWaiting", "1"),
+            ("waitingTarget", "1"),
         ],
     );
     let msg = expect_error(&mut c, &missing, Code::NotFound).await;
@@ -372,7 +372,7 @@ async fn a_missing_model_is_an_error_unless_empty_means_zero() {
         &[
             ("endpoints", &pod.endpoint()),
             ("model", "qwen"),
-            ("targetWaiting", "1"),
+            ("waitingTarget", "1"),
             ("emptyResult", "zero"),
         ],
     );
@@ -388,7 +388,7 @@ async fn service_discovery_without_a_cluster_is_a_failed_precondition() {
     let mut c = s.client().await;
     let so = scaled_object(
         "llama",
-        &[("service", "llama-vllm"), ("targetWaiting", "1")],
+        &[("service", "llama-vllm"), ("waitingTarget", "1")],
     );
     let msg = expect_error(&mut c, &so, Code::FailedPrecondition).await;
     assert!(msg.contains("endpoints"), "{msg}");
@@ -400,10 +400,10 @@ async fn requests_and_demand_are_exported_as_metrics() {
     pod.set(0, |e| e.waiting = 4.0);
     let s = ScalerUnderTest::start(Duration::from_millis(10)).await;
     let mut c = s.client().await;
-    let so = scrape_trigger(&pod.endpoint(), &[("targetWaiting", "2")]);
+    let so = scrape_trigger(&pod.endpoint(), &[("waitingTarget", "2")]);
     get_metrics(&mut c, &so).await.expect("metrics");
     let _ = c
-        .is_active(scrape_trigger(&pod.endpoint(), &[("targetWaiting", "x")]))
+        .is_active(scrape_trigger(&pod.endpoint(), &[("waitingTarget", "x")]))
         .await;
     let text = s.metrics_text();
     for expected in [

@@ -160,8 +160,8 @@ async fn demand_follows_load_through_prometheus_and_errors_while_it_is_down() {
         &[
             ("serverAddress", &address),
             ("model", "llama"),
-            ("targetWaiting", "4"),
-            ("targetKvCache", "0.6"),
+            ("waitingTarget", "4"),
+            ("kvCacheTarget", "0.6"),
             ("timeout", "1s"),
         ],
     );

@@ -45,7 +45,7 @@ async fn call(addr: std::net::SocketAddr, tls: ClientTlsConfig) -> Result<(), St
         .map_err(|e| format!("connect: {e:?}"))?;
     let so = scaled_object(
         "llama",
-        &[("endpoints", "127.0.0.1:1"), ("targetWaiting", "1")],
+        &[("endpoints", "127.0.0.1:1"), ("waitingTarget", "1")],
     );
     ExternalScalerClient::new(channel)
         .get_metric_spec(so)
