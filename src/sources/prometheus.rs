@@ -283,7 +283,13 @@ fn classify(server: &Server, query: &str, e: prometheus_http_query::Error) -> So
         },
         prometheus_http_query::Error::Client(c) => {
             let inner = c.inner();
-            if inner.is_some_and(|r| r.is_timeout()) {
+            if inner.is_none() {
+                // The client's own checks failed: wrong media type, unreadable JSON, …
+                SourceError::Garbage {
+                    upstream,
+                    detail: error_chain(&c),
+                }
+            } else if inner.is_some_and(|r| r.is_timeout()) {
                 SourceError::Timeout {
                     upstream,
                     after: server.timeout,

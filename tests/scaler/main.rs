@@ -1,7 +1,9 @@
 //! Integration tests of the KEDA external scaler: real gRPC on loopback, a vLLM-metrics
-//! emulator.
+//! emulator, a counting Prometheus stand-in, a real Prometheus, TLS with generated certificates.
 
 mod emulator;
+mod fake_prometheus;
 mod grpc;
 mod harness;
 mod real_prometheus;
+mod tls;

@@ -1,0 +1,259 @@
+//! Scaler benchmarks (a plain binary, not timed tests): run with `cargo bench --bench scaler`.
+//!
+//! Starts the real `nightshift scaler` binary on loopback against an in-process Prometheus
+//! stand-in that counts queries, then reports:
+//! - idle RSS of the server;
+//! - cached `GetMetrics` round-trip p50/p99 with 1 and 64 concurrent clients;
+//! - upstream queries per polling round with 1,000 ScaledObjects, and RSS after that load.
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Router,
+    extract::{Query, State},
+    http::header::CONTENT_TYPE,
+    routing::get,
+};
+use nightshift::scaler::service::proto::{
+    GetMetricsRequest, ScaledObjectRef, external_scaler_client::ExternalScalerClient,
+};
+use tonic::transport::Channel;
+
+/// ScaledObjects (and models) in the load phase.
+const SCALED_OBJECTS: usize = 1000;
+/// Round trips per latency run, shared among the clients (at least 200 per client), so the
+/// run stays short on a small machine.
+const CALLS_PER_RUN: usize = 10_000;
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|n| n.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+async fn start_server(ttl: &str) -> (Server, ExternalScalerClient<Channel>) {
+    let grpc = free_port();
+    let admin = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_nightshift"))
+        .args([
+            "scaler",
+            "--scaler-addr",
+            &format!("127.0.0.1:{grpc}"),
+            "--admin-addr",
+            &format!("127.0.0.1:{admin}"),
+            "--scaler-cache-ttl",
+            ttl,
+            "--log",
+            "error",
+        ])
+        .env("KUBECONFIG", "/nonexistent")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start nightshift");
+    let server = Server(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(c) = ExternalScalerClient::connect(format!("http://127.0.0.1:{grpc}")).await {
+            return (server, c);
+        }
+        assert!(Instant::now() < deadline, "server did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn fake_prometheus(queries: Arc<AtomicUsize>) -> SocketAddr {
+    async fn query(
+        State(q): State<Arc<AtomicUsize>>,
+        Query(_p): Query<HashMap<String, String>>,
+    ) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+        q.fetch_add(1, Ordering::SeqCst);
+        let items: Vec<String> = (0..SCALED_OBJECTS)
+            .flat_map(|m| {
+                (0..2).map(move |p| {
+                    format!(
+                        r#"{{"metric":{{"namespace":"bench","model_name":"model-{m}","pod":"pod-{m}-{p}"}},"value":[1700000000.0,"0.5"]}}"#
+                    )
+                })
+            })
+            .collect();
+        (
+            [(CONTENT_TYPE, "application/json")],
+            format!(
+                r#"{{"status":"success","data":{{"resultType":"vector","result":[{}]}}}}"#,
+                items.join(",")
+            ),
+        )
+    }
+    let app = Router::new()
+        .route("/api/v1/query", get(query))
+        .with_state(queries);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    addr
+}
+
+fn request(prom: SocketAddr, i: usize) -> GetMetricsRequest {
+    let meta: HashMap<String, String> = [
+        ("serverAddress", format!("http://{prom}")),
+        ("model", format!("model-{i}")),
+        ("waitingTarget", "2".into()),
+        ("kvCacheTarget", "0.8".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    GetMetricsRequest {
+        scaled_object_ref: Some(ScaledObjectRef {
+            name: format!("so-{i}"),
+            namespace: "bench".into(),
+            scaler_metadata: meta,
+        }),
+        metric_name: "vllm-demand".into(),
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+async fn latency(client: &ExternalScalerClient<Channel>, prom: SocketAddr, concurrency: usize) {
+    let mut tasks = Vec::new();
+    for t in 0..concurrency {
+        // One connection per client, as separate KEDA operator replicas would have.
+        let mut c = client.clone();
+        let req = request(prom, t % SCALED_OBJECTS);
+        tasks.push(tokio::spawn(async move {
+            let calls = (CALLS_PER_RUN / concurrency).max(200);
+            let mut samples = Vec::with_capacity(calls);
+            for _ in 0..calls {
+                let started = Instant::now();
+                c.get_metrics(req.clone()).await.expect("GetMetrics");
+                samples.push(started.elapsed());
+            }
+            samples
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("join"));
+    }
+    all.sort();
+    println!(
+        "cached GetMetrics, {concurrency:>2} concurrent client(s): p50 {:>7.1} µs  p99 {:>7.1} µs  ({} calls)",
+        percentile(&all, 0.50).as_secs_f64() * 1e6,
+        percentile(&all, 0.99).as_secs_f64() * 1e6,
+        all.len()
+    );
+}
+
+async fn run() {
+    nightshift::install_crypto_provider();
+    let queries = Arc::new(AtomicUsize::new(0));
+    let prom = fake_prometheus(queries.clone()).await;
+
+    // Latency with a cache that never expires during the run.
+    let (server, client) = start_server("1h").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    println!(
+        "idle RSS: {:.1} MiB",
+        rss_kib(server.0.id()) as f64 / 1024.0
+    );
+    for i in 0..64 {
+        client
+            .clone()
+            .get_metrics(request(prom, i))
+            .await
+            .expect("warm");
+    }
+    latency(&client, prom, 1).await;
+    latency(&client, prom, 64).await;
+    println!(
+        "RSS after latency runs: {:.1} MiB",
+        rss_kib(server.0.id()) as f64 / 1024.0
+    );
+    drop(server);
+
+    // 1,000 ScaledObjects, each polling GetMetrics then IsActive like KEDA, for 3 rounds
+    // spaced by the default 1 s cache TTL.
+    let (server, client) = start_server("1s").await;
+    let rounds = 3;
+    queries.store(0, Ordering::SeqCst);
+    for _ in 0..rounds {
+        let round_started = Instant::now();
+        let mut tasks = Vec::new();
+        for i in 0..SCALED_OBJECTS {
+            let mut c = client.clone();
+            let req = request(prom, i);
+            tasks.push(tokio::spawn(async move {
+                let so = req.scaled_object_ref.clone().expect("ref");
+                c.get_metrics(req).await.expect("GetMetrics");
+                c.is_active(so).await.expect("IsActive");
+            }));
+        }
+        for t in tasks {
+            t.await.expect("join");
+        }
+        let left = Duration::from_millis(1100).saturating_sub(round_started.elapsed());
+        tokio::time::sleep(left).await;
+    }
+    println!(
+        "{SCALED_OBJECTS} ScaledObjects × {rounds} polling rounds (GetMetrics + IsActive): {} upstream queries = {:.1} per round (metric families in use: 2)",
+        queries.load(Ordering::SeqCst),
+        queries.load(Ordering::SeqCst) as f64 / rounds as f64
+    );
+    println!(
+        "RSS with {SCALED_OBJECTS} ScaledObjects: {:.1} MiB",
+        rss_kib(server.0.id()) as f64 / 1024.0
+    );
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this binary without it,
+    // and a benchmark is not a test: do nothing then.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("scaler benchmark: run it with `cargo bench --bench scaler`");
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(run());
+}
