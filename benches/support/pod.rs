@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 pub fn realistic_pod() -> Value {
-    let env: Vec<Value> = (0..40)
+    let env: Vec<Value> = (0..33)
         .map(|i| json!({"name": format!("TRAINING_PARAMETER_{i:02}"), "value": format!("s3://research-bucket/experiments/run-{i:04}/checkpoint")}))
         .collect();
     let mounts: Vec<Value> = (0..6)
@@ -44,7 +44,7 @@ pub fn realistic_pod() -> Value {
             },
             "annotations": {
                 "workflows.argoproj.io/node-name": "sft-llama-7b.train(0)",
-                "kubectl.kubernetes.io/last-applied-configuration": "x".repeat(1500)
+                "kubectl.kubernetes.io/last-applied-configuration": "x".repeat(300)
             },
             "ownerReferences": [{"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "sft-llama-7b", "uid": "0c9a8d74-9cb7-44dd-b98e-09fd62def2f4", "controller": true, "blockOwnerDeletion": true}]
         },

@@ -315,3 +315,62 @@ pub async fn start_with(
     });
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        webhook: WebhookArgs,
+    }
+
+    fn policy_from(args: &[&str]) -> Result<Policy, Error> {
+        let cmd = Cmd::try_parse_from(std::iter::once("nightshift").chain(args.iter().copied()))
+            .map_err(|e| Error::Option(e.to_string()))?;
+        cmd.webhook.policy()
+    }
+
+    #[test]
+    fn default_options_give_the_default_policy() {
+        assert_eq!(policy_from(&[]).expect("valid"), Policy::default());
+    }
+
+    #[test]
+    fn empty_options_switch_each_part_off() {
+        let policy = policy_from(&[
+            "--webhook-priority-class=",
+            "--webhook-pool-label=",
+            "--webhook-spare-label=",
+            "--webhook-pool-taints=",
+            "--webhook-lent-label=",
+            "--webhook-max-grace-period=0s",
+        ])
+        .expect("valid");
+        assert_eq!(policy.priority_class, None);
+        assert_eq!(policy.pool, None);
+        assert_eq!(policy.spare, None);
+        assert!(policy.pool_taints.is_empty());
+        assert_eq!(policy.lent_label, None);
+        assert_eq!(policy.max_grace_period_seconds, None);
+    }
+
+    #[test]
+    fn pools_and_taints_are_parsed() {
+        let policy = policy_from(&[
+            "--webhook-pools=h100,a100",
+            "--webhook-pool-taints=nvidia.com/gpu=present:NoSchedule,dedicated:NoExecute",
+        ])
+        .expect("valid");
+        assert_eq!(
+            policy.pool.map(|p| p.values),
+            Some(vec!["h100".to_string(), "a100".to_string()])
+        );
+        assert_eq!(policy.pool_taints.len(), 2);
+        let err = policy_from(&["--webhook-pool-taints=nonsense"]).expect_err("invalid");
+        assert!(err.to_string().contains("key[=value]:Effect"), "{err}");
+        assert!(policy_from(&["--webhook-spare-weight=0"]).is_err());
+    }
+}
