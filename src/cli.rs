@@ -5,7 +5,13 @@ use std::{process::ExitCode, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{admin::AdminArgs, cluster, runtime::Context, telemetry::LogArgs};
+use crate::{
+    admin::AdminArgs,
+    cluster,
+    runtime::Context,
+    telemetry::LogArgs,
+    webhook::{self, WebhookArgs, certs},
+};
 
 /// nightshift: lend idle LLM-inference GPUs to research jobs, take them back when inference
 /// needs them.
@@ -23,6 +29,32 @@ pub struct Cli {
 pub enum Command {
     /// Run every component: KEDA scaler, admission webhook and GPU-pool controller.
     Run(RunArgs),
+    /// Run only the admission webhook.
+    Webhook(WebhookCommandArgs),
+    /// Manage the webhook's TLS certificates.
+    #[command(subcommand)]
+    Certs(CertsCommand),
+}
+
+/// Options of `nightshift webhook`.
+#[derive(Debug, Args)]
+pub struct WebhookCommandArgs {
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    #[command(flatten)]
+    pub shutdown: ShutdownArgs,
+
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+}
+
+/// `nightshift certs ...`
+#[derive(Debug, Subcommand)]
+pub enum CertsCommand {
+    /// Generate a CA (kept if it exists) and a serving certificate for the webhook Service, and
+    /// print the caBundle.
+    Generate(certs::GenerateArgs),
 }
 
 /// Options of `nightshift run`.
@@ -33,6 +65,9 @@ pub struct RunArgs {
 
     #[command(flatten)]
     pub shutdown: ShutdownArgs,
+
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
 }
 
 /// How long in-flight work may take to finish after SIGTERM.
@@ -61,6 +96,8 @@ impl Cli {
         }
         let outcome = match self.command {
             Command::Run(args) => run_all(args).await,
+            Command::Webhook(args) => run_webhook(args).await,
+            Command::Certs(CertsCommand::Generate(args)) => generate_certs(&args),
         };
         match outcome {
             Ok(()) => ExitCode::SUCCESS,
@@ -73,9 +110,54 @@ impl Cli {
 }
 
 async fn run_all(args: RunArgs) -> anyhow::Result<()> {
-    let RunArgs { admin, shutdown } = args;
-    let ctx = Context::new(cluster::connect().await);
+    let RunArgs {
+        admin,
+        shutdown,
+        webhook,
+    } = args;
+    let mut ctx = Context::new(cluster::connect().await);
+    webhook::start(webhook, &mut ctx).await?;
     ctx.serve(admin.admin_addr, shutdown.drain_timeout).await
+}
+
+async fn run_webhook(args: WebhookCommandArgs) -> anyhow::Result<()> {
+    let WebhookCommandArgs {
+        admin,
+        shutdown,
+        webhook,
+    } = args;
+    let kube = cluster::connect().await;
+    if kube.is_none() {
+        anyhow::bail!(
+            "the webhook needs a Kubernetes cluster (to watch Namespaces and PriorityClasses): \
+             set KUBECONFIG or run in a pod"
+        );
+    }
+    let mut ctx = Context::new(kube);
+    webhook::start(webhook, &mut ctx).await?;
+    ctx.serve(admin.admin_addr, shutdown.drain_timeout).await
+}
+
+fn generate_certs(args: &certs::GenerateArgs) -> anyhow::Result<()> {
+    let generated = certs::generate(args)?;
+    let dir = generated.dir.display();
+    if generated.new_ca {
+        eprintln!("new CA written to {dir}/{}", certs::CA_CERT);
+    } else {
+        eprintln!(
+            "kept the CA in {dir}/{} (pass --new-ca to replace it)",
+            certs::CA_CERT
+        );
+    }
+    eprintln!(
+        "serving certificate for {} written to {dir}/{} and {dir}/{}",
+        args.subject_alt_names().join(", "),
+        certs::TLS_CERT,
+        certs::TLS_KEY
+    );
+    eprintln!("caBundle (base64 of {dir}/{}):", certs::CA_CERT);
+    println!("{}", generated.ca_bundle);
+    Ok(())
 }
 
 #[cfg(test)]

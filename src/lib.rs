@@ -17,7 +17,9 @@ pub mod admin;
 pub mod cli;
 pub mod cluster;
 pub mod runtime;
+pub mod scaler;
 pub mod telemetry;
+pub mod webhook;
 
 /// Installs the process-wide rustls crypto provider (aws-lc-rs).
 ///

@@ -18,6 +18,8 @@ bin="$cache/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION/bin"
 if [[ "${1:-}" == "--print-bin-dir" ]]; then echo "$bin"; exit 0; fi
 mkdir -p "$bin"
 
+# CI's environment may lack Go on PATH although the toolchain is installed.
+if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then PATH="/usr/local/go/bin:$PATH"; fi
 command -v go >/dev/null || { echo "build-control-plane: Go toolchain not found (needed to build the control plane)" >&2; exit 1; }
 
 # Small binaries, no paths from this machine; the machine is small, so one binary at a time

@@ -1,0 +1,60 @@
+//! Cost of one admission review: the pure `mutate()` on a realistic 10 KB pod, and the whole
+//! review (parse, mutate, encode) without the network.
+//!
+//! `cargo bench --bench webhook -- --warm-up-time 1 --measurement-time 3`
+
+#[path = "support/pod.rs"]
+mod pod;
+
+use std::{collections::BTreeMap, hint::black_box, sync::Arc};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use k8s_openapi::api::core::v1::Pod;
+use nightshift::webhook::{
+    cluster::FixedCluster,
+    mutate::{Policy, PriorityClassInfo, mutate},
+    review::{Metrics, Reviewer},
+};
+
+fn benches(c: &mut Criterion) {
+    let doc = pod::realistic_pod();
+    let size = serde_json::to_vec(&doc).map(|v| v.len()).unwrap_or(0);
+    eprintln!("pod JSON: {size} bytes");
+    let pod: Pod = serde_json::from_value(doc.clone()).expect("pod");
+    let policy = Policy::default();
+    let classes: BTreeMap<String, PriorityClassInfo> = [(
+        "nightshift-research".to_string(),
+        PriorityClassInfo {
+            value: -1000,
+            preemption_policy: "Never".into(),
+        },
+    )]
+    .into();
+    let ns: BTreeMap<String, String> =
+        [("nightshift.io/research".to_string(), "true".to_string())].into();
+
+    c.bench_function("mutate 10KB pod", |b| {
+        b.iter(|| mutate(black_box(&pod), "research", &ns, &policy, &classes).expect("ok"))
+    });
+
+    let body = serde_json::to_vec(&pod::admission_review(doc)).expect("review");
+    let reviewer = Reviewer {
+        policy: Arc::new(policy),
+        cluster: Arc::new(
+            FixedCluster::default()
+                .with_namespace("research", &[("nightshift.io/research", "true")])
+                .with_class("nightshift-research", -1000, "Never"),
+        ),
+        metrics: Metrics::default(),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    c.bench_function("review 10KB pod (parse, mutate, encode)", |b| {
+        b.to_async(&rt)
+            .iter(|| async { reviewer.review(black_box(&body)).await })
+    });
+}
+
+criterion_group!(webhook, benches);
+criterion_main!(webhook);

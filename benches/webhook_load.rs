@@ -1,0 +1,197 @@
+//! HTTPS load on the webhook over loopback with keep-alive connections.
+//!
+//! `cargo bench --bench webhook_load` starts the webhook in-process on a free port with a fixed
+//! cluster view and a realistic 10 KB research pod, then:
+//! 1. sends a fixed rate (`NIGHTSHIFT_BENCH_RATE`, default 2000 reviews/s) over 100 keep-alive
+//!    connections for `NIGHTSHIFT_BENCH_SECS` (default 10) seconds and reports p50/p99/max;
+//! 2. if `wrk` is installed, saturates the server with `wrk -t2 -c100 --latency` to find the
+//!    maximum sustained reviews/s.
+//!
+//! Under `cargo test` (no `--bench` argument) it only checks that a few reviews succeed.
+
+#[path = "support/pod.rs"]
+mod pod;
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use nightshift::webhook::{
+    certs::{self, GenerateArgs},
+    cluster::FixedCluster,
+    mutate::Policy,
+    review::{Metrics, Reviewer},
+    server, tls,
+};
+use tokio_util::sync::CancellationToken;
+
+/// Connections used by both load phases (the target scenario: 100 concurrent clients).
+const CONNECTIONS: usize = 100;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+#[tokio::main]
+async fn main() {
+    nightshift::install_crypto_provider();
+    let full = std::env::args().any(|a| a == "--bench");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args = GenerateArgs {
+        dir: dir.path().to_path_buf(),
+        service: "nightshift".into(),
+        namespace: "nightshift-system".into(),
+        dns_names: vec!["localhost".into()],
+        ips: vec!["127.0.0.1".parse().expect("ip")],
+        days: 1,
+        ca_days: 2,
+        new_ca: false,
+    };
+    certs::generate(&args).expect("certs");
+    let cert = tls::ReloadingCert::load(
+        &dir.path().join(certs::TLS_CERT),
+        &dir.path().join(certs::TLS_KEY),
+    )
+    .expect("cert");
+    let config = tls::server_config(cert).expect("tls");
+    let reviewer = Reviewer {
+        policy: Arc::new(Policy::default()),
+        cluster: Arc::new(
+            FixedCluster::default()
+                .with_namespace("research", &[("nightshift.io/research", "true")])
+                .with_class("nightshift-research", -1000, "Never"),
+        ),
+        metrics: Metrics::default(),
+    };
+    let router = server::router(reviewer, 3 << 20);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(server::serve(listener, config, router, shutdown.clone()));
+    let url = format!("https://127.0.0.1:{}/mutate", addr.port());
+    let body = serde_json::to_vec(&pod::admission_review(pod::realistic_pod())).expect("body");
+    let ca = std::fs::read(dir.path().join(certs::CA_CERT)).expect("ca");
+    let client = || {
+        reqwest::Client::builder()
+            .tls_certs_only([reqwest::Certificate::from_pem(&ca).expect("ca")])
+            .http1_only()
+            .pool_max_idle_per_host(1)
+            .build()
+            .expect("client")
+    };
+
+    if !full {
+        let c = client();
+        for _ in 0..5 {
+            let r = c.post(&url).body(body.clone()).send().await.expect("send");
+            assert!(r.status().is_success());
+        }
+        shutdown.cancel();
+        let _ = server.await;
+        return;
+    }
+
+    eprintln!("review body: {} bytes", body.len());
+    let rate: f64 = env_or("NIGHTSHIFT_BENCH_RATE", 2000.0);
+    let secs: u64 = env_or("NIGHTSHIFT_BENCH_SECS", 10);
+    let per_conn = Duration::from_secs_f64(CONNECTIONS as f64 / rate);
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut tasks = Vec::new();
+    for i in 0..CONNECTIONS {
+        let (c, url, body) = (client(), url.clone(), body.clone());
+        tasks.push(tokio::spawn(async move {
+            // Spread the connections' ticks over one period.
+            tokio::time::sleep(per_conn.mul_f64(i as f64 / CONNECTIONS as f64)).await;
+            let mut ticker = tokio::time::interval(per_conn);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            let (mut lat, mut errors) = (Vec::new(), 0u64);
+            while Instant::now() < deadline {
+                ticker.tick().await;
+                let start = Instant::now();
+                match c.post(&url).body(body.clone()).send().await {
+                    Ok(r) if r.status().is_success() => match r.bytes().await {
+                        Ok(_) => lat.push(start.elapsed()),
+                        Err(_) => errors += 1,
+                    },
+                    _ => errors += 1,
+                }
+            }
+            (lat, errors)
+        }));
+    }
+    let started = Instant::now();
+    let (mut all, mut errors) = (Vec::new(), 0);
+    for t in tasks {
+        let (lat, e) = t.await.expect("task");
+        all.extend(lat);
+        errors += e;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    all.sort();
+    println!(
+        "fixed rate {rate:.0}/s target, {CONNECTIONS} keep-alive connections, {secs} s: {} reviews ({:.0}/s achieved), errors {errors}, p50 {:?}, p90 {:?}, p99 {:?}, max {:?}",
+        all.len(),
+        all.len() as f64 / elapsed,
+        percentile(&all, 0.50),
+        percentile(&all, 0.90),
+        percentile(&all, 0.99),
+        all.last().copied().unwrap_or_default(),
+    );
+
+    match which_wrk() {
+        Some(wrk) => {
+            let script = dir.path().join("review.lua");
+            let body_str = String::from_utf8(body.clone()).expect("utf8");
+            std::fs::write(
+                &script,
+                format!(
+                    "wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.body = [==[{body_str}]==]\n"
+                ),
+            )
+            .expect("script");
+            let out = tokio::process::Command::new(wrk)
+                .args([
+                    "-t2",
+                    &format!("-c{CONNECTIONS}"),
+                    &format!("-d{secs}s"),
+                    "--latency",
+                    "-s",
+                ])
+                .arg(&script)
+                .arg(&url)
+                .kill_on_drop(true)
+                .output()
+                .await
+                .expect("run wrk");
+            println!(
+                "wrk (saturation, {CONNECTIONS} keep-alive connections):\n{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        None => println!("wrk not installed: skipping the saturation phase (apt-get install wrk)"),
+    }
+    shutdown.cancel();
+    let _ = server.await;
+}
+
+fn which_wrk() -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join("wrk"))
+            .find(|p| p.is_file())
+    })
+}

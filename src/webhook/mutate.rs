@@ -1,0 +1,681 @@
+//! Patch building: decides whether a pod is a research pod and, if so, builds the JSON Patch that
+//! marks it (low priority, GPU-pool placement, tolerations, lent label, short grace period).
+//!
+//! Pure: no I/O, no clock, no Kubernetes client. Everything it needs arrives as arguments (the
+//! pod, its namespace's labels, the [`Policy`] and a [`PriorityClasses`] lookup), so it is
+//! exhaustively unit- and property-tested. It must never touch a pod that is not selected.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use json_patch::{
+    AddOperation, Patch, PatchOperation, ReplaceOperation,
+    jsonptr::{PointerBuf, Token},
+};
+use k8s_openapi::api::core::v1::{
+    Container, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec, PreferredSchedulingTerm,
+    Toleration,
+};
+use serde_json::{Value, json};
+
+/// Annotation the kubelet puts on mirror pods (static pods reflected into the API). They cannot
+/// be scheduled or preempted, so they are never touched.
+pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// Value of the research selection label and of the lent label.
+pub const TRUE: &str = "true";
+
+/// `preemptionPolicy` the API server assumes when a PriorityClass does not set one.
+const DEFAULT_PREEMPTION_POLICY: &str = "PreemptLowerPriority";
+
+/// What a PriorityClass contributes to a pod: the two fields the `Priority` admission plugin
+/// recomputes and checks after every webhook (see the module docs of [`crate::webhook`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PriorityClassInfo {
+    pub value: i32,
+    pub preemption_policy: String,
+}
+
+impl PriorityClassInfo {
+    /// Reads the fields the pod must mirror from a PriorityClass object.
+    pub fn from_class(class: &k8s_openapi::api::scheduling::v1::PriorityClass) -> Self {
+        Self {
+            value: class.value.unwrap_or(0),
+            preemption_policy: class
+                .preemption_policy
+                .clone()
+                .unwrap_or_else(|| DEFAULT_PREEMPTION_POLICY.to_string()),
+        }
+    }
+}
+
+/// Looks PriorityClasses up by name. The running webhook answers from a watched cache; tests use
+/// a plain map.
+pub trait PriorityClasses {
+    fn priority_class(&self, name: &str) -> Option<PriorityClassInfo>;
+}
+
+impl PriorityClasses for BTreeMap<String, PriorityClassInfo> {
+    fn priority_class(&self, name: &str) -> Option<PriorityClassInfo> {
+        self.get(name).cloned()
+    }
+}
+
+/// A taint of the GPU pool that research pods must tolerate. `value: None` means "any value":
+/// the toleration added uses `operator: Exists`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolTaint {
+    pub key: String,
+    pub value: Option<String>,
+    pub effect: String,
+}
+
+impl std::str::FromStr for PoolTaint {
+    type Err = String;
+
+    /// Parses `key[=value]:Effect`, e.g. `nvidia.com/gpu:NoSchedule`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        let (kv, effect) = s
+            .rsplit_once(':')
+            .ok_or_else(|| format!("{s:?} is not a taint: expected key[=value]:Effect"))?;
+        if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+            return Err(format!(
+                "{s:?}: effect must be NoSchedule, PreferNoSchedule or NoExecute"
+            ));
+        }
+        let (key, value) = match kv.split_once('=') {
+            Some((k, v)) => (k, Some(v.to_string())),
+            None => (kv, None),
+        };
+        if key.is_empty() {
+            return Err(format!("{s:?}: the taint key is empty"));
+        }
+        Ok(Self {
+            key: key.to_string(),
+            value,
+            effect: effect.to_string(),
+        })
+    }
+}
+
+/// Required placement on the GPU pool: nodes carrying `key` (with one of `values`, if any).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolSelector {
+    pub key: String,
+    /// Pool names; empty means "any pool" (`operator: Exists`).
+    pub values: Vec<String>,
+}
+
+/// Soft preference for nodes marked spare.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SparePreference {
+    pub key: String,
+    pub value: String,
+    /// Scheduler weight, 1–100.
+    pub weight: i32,
+}
+
+/// What the webhook selects and what it changes. Every part can be switched off.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// Label (on the namespace or the pod) whose value `"true"` selects research pods.
+    pub selection_label: String,
+    /// Namespaces whose pods are never touched.
+    pub excluded_namespaces: BTreeSet<String>,
+    /// PriorityClass given to research pods; `None` leaves priority alone.
+    pub priority_class: Option<String>,
+    /// Extended resource that makes a pod a GPU pod.
+    pub gpu_resource: String,
+    /// Required node affinity for GPU research pods; `None` adds none.
+    pub pool: Option<PoolSelector>,
+    /// Preferred node affinity for GPU research pods; `None` adds none.
+    pub spare: Option<SparePreference>,
+    /// Taints of the GPU pool that GPU research pods get tolerations for.
+    pub pool_taints: Vec<PoolTaint>,
+    /// Label set to `"true"` on research pods; `None` adds none.
+    pub lent_label: Option<String>,
+    /// Upper bound for `terminationGracePeriodSeconds`; `None` leaves it alone.
+    pub max_grace_period_seconds: Option<i64>,
+}
+
+impl Default for Policy {
+    /// The defaults of the project's naming conventions.
+    fn default() -> Self {
+        Self {
+            selection_label: "nightshift.io/research".into(),
+            excluded_namespaces: ["kube-system", "kube-node-lease", "nightshift-system"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            priority_class: Some("nightshift-research".into()),
+            gpu_resource: "nvidia.com/gpu".into(),
+            pool: Some(PoolSelector {
+                key: "nightshift.io/pool".into(),
+                values: Vec::new(),
+            }),
+            spare: Some(SparePreference {
+                key: "nightshift.io/spare".into(),
+                value: TRUE.into(),
+                // The strongest preference the scheduler allows: a spare node should win over
+                // any other soft preference the pod carries.
+                weight: 100,
+            }),
+            pool_taints: vec![PoolTaint {
+                key: "nvidia.com/gpu".into(),
+                value: None,
+                effect: "NoSchedule".into(),
+            }],
+            lent_label: Some("nightshift.io/lent".into()),
+            // Kubernetes' own default: long enough for a clean exit, short enough that
+            // inference does not wait long for the GPUs it takes back.
+            max_grace_period_seconds: Some(30),
+        }
+    }
+}
+
+/// Why a pod was left alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SkipReason {
+    ExcludedNamespace,
+    MirrorPod,
+    AlreadyBound,
+    NotResearch,
+}
+
+impl SkipReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ExcludedNamespace => "excluded namespace",
+            Self::MirrorPod => "mirror pod",
+            Self::AlreadyBound => "pod already bound to a node",
+            Self::NotResearch => "not a research pod",
+        }
+    }
+}
+
+/// How the pod was classified.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Selection {
+    /// A research pod; `gpu` tells whether it requests GPUs (and so was sent to the pool).
+    Research {
+        gpu: bool,
+    },
+    Skipped(SkipReason),
+}
+
+/// The answer for an admitted pod: a patch (empty when nothing needs to change) and warnings
+/// for the user explaining each change.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mutation {
+    pub selection: Selection,
+    pub patch: Patch,
+    pub warnings: Vec<String>,
+}
+
+impl Mutation {
+    fn skipped(reason: SkipReason) -> Self {
+        Self {
+            selection: Selection::Skipped(reason),
+            patch: Patch(Vec::new()),
+            warnings: Vec::new(),
+        }
+    }
+}
+
+/// Why a research pod is refused. Messages say what to do about it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Denial {
+    #[error(
+        "nightshift: research pods need PriorityClass {class:?}, which does not exist. The \
+         platform team must create it (negative value, preemptionPolicy Never), e.g. `kubectl \
+         create priorityclass {class} --value=-1000 --preemption-policy=Never \
+         --description=\"research work on lent GPUs\"`, or apply nightshift's base manifests"
+    )]
+    MissingPriorityClass { class: String },
+}
+
+/// Decides what to do with `pod`, created in `namespace` whose labels are `namespace_labels`.
+///
+/// Returns the patch that marks a research pod (empty for every other pod, and for a research
+/// pod that is already marked: applying the patch and mutating again yields an empty patch), or
+/// a [`Denial`] when a research pod cannot be marked safely.
+pub fn mutate(
+    pod: &Pod,
+    namespace: &str,
+    namespace_labels: &BTreeMap<String, String>,
+    policy: &Policy,
+    classes: &dyn PriorityClasses,
+) -> Result<Mutation, Denial> {
+    if policy.excluded_namespaces.contains(namespace) {
+        return Ok(Mutation::skipped(SkipReason::ExcludedNamespace));
+    }
+    let meta = &pod.metadata;
+    if meta
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(MIRROR_POD_ANNOTATION))
+    {
+        return Ok(Mutation::skipped(SkipReason::MirrorPod));
+    }
+    let empty_spec = PodSpec::default();
+    let spec = pod.spec.as_ref().unwrap_or(&empty_spec);
+    if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
+        return Ok(Mutation::skipped(SkipReason::AlreadyBound));
+    }
+
+    let label = policy.selection_label.as_str();
+    let namespace_is_research = namespace_labels.get(label).is_some_and(|v| v == TRUE);
+    let pod_label = meta.labels.as_ref().and_then(|l| l.get(label));
+    if !namespace_is_research && pod_label.is_none_or(|v| v != TRUE) {
+        return Ok(Mutation::skipped(SkipReason::NotResearch));
+    }
+
+    let mut b = Builder::default();
+    if namespace_is_research && let Some(value) = pod_label.filter(|v| *v != TRUE) {
+        b.warn(format!(
+            "nightshift: label {label}={value:?} ignored: every pod in research namespace \
+             {namespace:?} is a research pod"
+        ));
+    }
+    let gpu = requests_resource(spec, &policy.gpu_resource);
+
+    if let Some(class) = &policy.priority_class {
+        priority(&mut b, spec, class, classes)?;
+    }
+    if gpu {
+        node_affinity(&mut b, spec, policy);
+        tolerations(&mut b, spec, &policy.pool_taints);
+    } else if policy.pool.is_some() || !policy.pool_taints.is_empty() {
+        b.note_later(format!(
+            "nightshift: requests no {}: low priority only, not sent to the GPU pool",
+            policy.gpu_resource
+        ));
+    }
+    if let Some(key) = &policy.lent_label {
+        lent_label(&mut b, pod, key);
+    }
+    if let Some(max) = policy.max_grace_period_seconds {
+        grace_period(&mut b, spec, max);
+    }
+    Ok(b.finish(Selection::Research { gpu }))
+}
+
+/// Whether any container (init containers included) requests or limits `resource` above zero.
+pub fn requests_resource(spec: &PodSpec, resource: &str) -> bool {
+    let asks = |c: &Container| {
+        c.resources.as_ref().is_some_and(|r| {
+            [r.requests.as_ref(), r.limits.as_ref()]
+                .into_iter()
+                .flatten()
+                .any(|m| m.get(resource).is_some_and(|q| quantity_is_positive(&q.0)))
+        })
+    };
+    spec.containers.iter().any(asks) || spec.init_containers.iter().flatten().any(asks)
+}
+
+/// Extended resources are whole numbers; anything that is not clearly zero counts as a request
+/// (so a pod is never kept off the pool because of an unusual spelling).
+fn quantity_is_positive(q: &str) -> bool {
+    let q = q.trim();
+    !(q.is_empty() || q.trim_start_matches(['+', '0', '.']).is_empty() || q.starts_with('-'))
+}
+
+fn priority(
+    b: &mut Builder,
+    spec: &PodSpec,
+    research_class: &str,
+    classes: &dyn PriorityClasses,
+) -> Result<(), Denial> {
+    let research =
+        classes
+            .priority_class(research_class)
+            .ok_or_else(|| Denial::MissingPriorityClass {
+                class: research_class.to_string(),
+            })?;
+    // A pod may keep a class of its own only if it is at most as important as the research
+    // class and never preempts: it then still yields to inference.
+    let (name, info) = match spec.priority_class_name.as_deref() {
+        Some(own) if own != research_class => match classes.priority_class(own) {
+            Some(info) if info.value <= research.value && info.preemption_policy == "Never" => {
+                (own.to_string(), info)
+            }
+            _ => {
+                b.warn(format!(
+                    "nightshift: priorityClassName {own:?} replaced by {research_class:?}: \
+                     research pods must run below inference"
+                ));
+                (research_class.to_string(), research)
+            }
+        },
+        _ => (research_class.to_string(), research),
+    };
+    // The Priority admission plugin re-checks the pod after webhooks and rejects a pod whose
+    // priority or preemptionPolicy disagree with its class: always set the triple together.
+    let before = b.ops.len();
+    b.set(
+        &["spec", "priorityClassName"],
+        spec.priority_class_name.as_deref().map(|s| json!(s)),
+        json!(name),
+    );
+    b.set(
+        &["spec", "priority"],
+        spec.priority.map(|p| json!(p)),
+        json!(info.value),
+    );
+    b.set(
+        &["spec", "preemptionPolicy"],
+        spec.preemption_policy.as_deref().map(|s| json!(s)),
+        json!(info.preemption_policy),
+    );
+    if b.ops.len() > before {
+        b.warn(format!(
+            "nightshift: research pod: PriorityClass {name:?} (priority {}, preemptionPolicy {}), \
+             preemptible at any time",
+            info.value, info.preemption_policy
+        ));
+    }
+    Ok(())
+}
+
+fn pool_requirement(pool: &PoolSelector) -> NodeSelectorRequirement {
+    NodeSelectorRequirement {
+        key: pool.key.clone(),
+        operator: if pool.values.is_empty() {
+            "Exists"
+        } else {
+            "In"
+        }
+        .into(),
+        values: (!pool.values.is_empty()).then(|| pool.values.clone()),
+    }
+}
+
+fn spare_term(spare: &SparePreference) -> PreferredSchedulingTerm {
+    PreferredSchedulingTerm {
+        weight: spare.weight,
+        preference: NodeSelectorTerm {
+            match_expressions: Some(vec![NodeSelectorRequirement {
+                key: spare.key.clone(),
+                operator: "In".into(),
+                values: Some(vec![spare.value.clone()]),
+            }]),
+            match_fields: None,
+        },
+    }
+}
+
+/// Same requirement, ignoring the order of values and `values: []` versus absent.
+fn same_requirement(a: &NodeSelectorRequirement, b: &NodeSelectorRequirement) -> bool {
+    let set = |r: &NodeSelectorRequirement| -> BTreeSet<String> {
+        r.values.iter().flatten().cloned().collect()
+    };
+    a.key == b.key && a.operator == b.operator && set(a) == set(b)
+}
+
+fn term_has(term: &NodeSelectorTerm, req: &NodeSelectorRequirement) -> bool {
+    term.match_expressions
+        .iter()
+        .flatten()
+        .any(|e| same_requirement(e, req))
+}
+
+fn node_affinity(b: &mut Builder, spec: &PodSpec, policy: &Policy) {
+    let required = policy.pool.as_ref().map(pool_requirement);
+    let preferred = policy.spare.as_ref().map(spare_term);
+    let node_affinity = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref());
+    let required_terms = node_affinity.and_then(|n| {
+        n.required_during_scheduling_ignored_during_execution
+            .as_ref()
+    });
+    let preferred_terms = node_affinity.and_then(|n| {
+        n.preferred_during_scheduling_ignored_during_execution
+            .as_ref()
+    });
+
+    // Which parts are missing.
+    let required_missing_in: Vec<usize> = match (&required, required_terms) {
+        (Some(req), Some(sel)) => (0..sel.node_selector_terms.len())
+            .filter(|&i| !term_has(&sel.node_selector_terms[i], req))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let need_required = required.is_some()
+        && (required_terms.is_none_or(|s| s.node_selector_terms.is_empty())
+            || !required_missing_in.is_empty());
+    let need_preferred = preferred.as_ref().is_some_and(|p| {
+        let want = p.preference.match_expressions.iter().flatten().next();
+        !preferred_terms
+            .into_iter()
+            .flatten()
+            .any(|t| want.is_some_and(|w| term_has(&t.preference, w)))
+    });
+    if !need_required && !need_preferred {
+        return;
+    }
+    let new_required =
+        || json!({"nodeSelectorTerms": [{"matchExpressions": [required.as_ref().map(to_json)]}]});
+
+    if node_affinity.is_none() {
+        // Create the whole nodeAffinity (and affinity) in one operation.
+        let mut na = serde_json::Map::new();
+        if need_required {
+            na.insert(
+                "requiredDuringSchedulingIgnoredDuringExecution".into(),
+                new_required(),
+            );
+        }
+        if need_preferred {
+            na.insert(
+                "preferredDuringSchedulingIgnoredDuringExecution".into(),
+                json!([preferred.as_ref().map(to_json)]),
+            );
+        }
+        if spec.affinity.is_none() {
+            b.add(&["spec", "affinity"], json!({ "nodeAffinity": na }));
+        } else {
+            b.add(&["spec", "affinity", "nodeAffinity"], Value::Object(na));
+        }
+    } else {
+        const NA: [&str; 3] = ["spec", "affinity", "nodeAffinity"];
+        const REQ: &str = "requiredDuringSchedulingIgnoredDuringExecution";
+        const PREF: &str = "preferredDuringSchedulingIgnoredDuringExecution";
+        if let (true, Some(req)) = (need_required, &required) {
+            match required_terms {
+                None => b.add(&[NA[0], NA[1], NA[2], REQ], new_required()),
+                Some(sel) if sel.node_selector_terms.is_empty() => b.add(
+                    &[NA[0], NA[1], NA[2], REQ, "nodeSelectorTerms", "-"],
+                    json!({"matchExpressions": [to_json(req)]}),
+                ),
+                Some(sel) => {
+                    // Terms are ORed: AND the requirement into every one of them.
+                    for i in required_missing_in {
+                        let idx = i.to_string();
+                        let base = [NA[0], NA[1], NA[2], REQ, "nodeSelectorTerms", &idx];
+                        if sel.node_selector_terms[i].match_expressions.is_none() {
+                            b.add(
+                                &[&base[..], &["matchExpressions"]].concat(),
+                                json!([to_json(req)]),
+                            );
+                        } else {
+                            b.add(
+                                &[&base[..], &["matchExpressions", "-"]].concat(),
+                                to_json(req),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        if let (true, Some(pref)) = (need_preferred, &preferred) {
+            match preferred_terms {
+                None => b.add(&[NA[0], NA[1], NA[2], PREF], json!([to_json(pref)])),
+                Some(_) => b.add(&[NA[0], NA[1], NA[2], PREF, "-"], to_json(pref)),
+            }
+        }
+    }
+    b.note_later(match (&required, &preferred) {
+        (Some(r), Some(p)) => format!(
+            "nightshift: restricted to GPU-pool nodes ({}), spare nodes ({}={}) preferred",
+            r.key,
+            p.preference
+                .match_expressions
+                .iter()
+                .flatten()
+                .next()
+                .map(|e| e.key.as_str())
+                .unwrap_or_default(),
+            TRUE
+        ),
+        (Some(r), None) => format!("nightshift: restricted to GPU-pool nodes ({})", r.key),
+        _ => "nightshift: spare GPU nodes preferred".to_string(),
+    });
+}
+
+/// Whether `tol` tolerates the pool taint. A taint without a value stands for "any value", which
+/// only an `Exists` toleration covers.
+fn tolerates(tol: &Toleration, taint: &PoolTaint) -> bool {
+    let effect_ok = tol
+        .effect
+        .as_deref()
+        .is_none_or(|e| e.is_empty() || e == taint.effect);
+    let exists = tol.operator.as_deref() == Some("Exists");
+    let key = tol.key.as_deref().unwrap_or("");
+    let key_ok = if key.is_empty() {
+        exists
+    } else {
+        key == taint.key
+    };
+    let value_ok = exists
+        || taint
+            .value
+            .as_deref()
+            .is_some_and(|v| tol.value.as_deref().unwrap_or("") == v);
+    effect_ok && key_ok && value_ok
+}
+
+fn toleration_for(taint: &PoolTaint) -> Value {
+    match &taint.value {
+        None => json!({"key": taint.key, "operator": "Exists", "effect": taint.effect}),
+        Some(v) => {
+            json!({"key": taint.key, "operator": "Equal", "value": v, "effect": taint.effect})
+        }
+    }
+}
+
+fn tolerations(b: &mut Builder, spec: &PodSpec, taints: &[PoolTaint]) {
+    let existing = spec.tolerations.as_deref().unwrap_or_default();
+    let missing: Vec<&PoolTaint> = taints
+        .iter()
+        .filter(|t| !existing.iter().any(|tol| tolerates(tol, t)))
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    if spec.tolerations.is_none() {
+        b.add(
+            &["spec", "tolerations"],
+            Value::Array(missing.iter().map(|t| toleration_for(t)).collect()),
+        );
+    } else {
+        for t in &missing {
+            b.add(&["spec", "tolerations", "-"], toleration_for(t));
+        }
+    }
+    let keys: Vec<&str> = missing.iter().map(|t| t.key.as_str()).collect();
+    b.note_later(format!(
+        "nightshift: tolerates the GPU-pool taint(s) {}",
+        keys.join(", ")
+    ));
+}
+
+fn lent_label(b: &mut Builder, pod: &Pod, key: &str) {
+    match pod.metadata.labels.as_ref() {
+        None => b.add(&["metadata", "labels"], json!({ key: TRUE })),
+        Some(labels) if labels.get(key).is_some_and(|v| v == TRUE) => {}
+        Some(_) => b.add(&["metadata", "labels", key], json!(TRUE)),
+    }
+}
+
+fn grace_period(b: &mut Builder, spec: &PodSpec, max: i64) {
+    match spec.termination_grace_period_seconds {
+        None => b.add(&["spec", "terminationGracePeriodSeconds"], json!(max)),
+        Some(current) if current > max => {
+            b.replace(&["spec", "terminationGracePeriodSeconds"], json!(max));
+            b.warn(format!(
+                "nightshift: terminationGracePeriodSeconds lowered from {current} to {max} so \
+                 that preemption is quick"
+            ));
+        }
+        Some(_) => {}
+    }
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Value {
+    // Serialising k8s-openapi types into a Value cannot fail (no maps with non-string keys).
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+/// Collects patch operations and warnings. Pointer tokens are escaped by `jsonptr` (`~` → `~0`,
+/// `/` → `~1`), so label keys like `nightshift.io/lent` are safe.
+#[derive(Default)]
+struct Builder {
+    ops: Vec<PatchOperation>,
+    warnings: Vec<String>,
+    /// Warnings that only make sense if the pod is changed at all (informational notes).
+    notes: Vec<String>,
+}
+
+impl Builder {
+    fn pointer(tokens: &[&str]) -> PointerBuf {
+        PointerBuf::from_tokens(tokens.iter().map(|t| Token::new(*t)))
+    }
+
+    fn add(&mut self, path: &[&str], value: Value) {
+        self.ops.push(PatchOperation::Add(AddOperation {
+            path: Self::pointer(path),
+            value,
+        }));
+    }
+
+    fn replace(&mut self, path: &[&str], value: Value) {
+        self.ops.push(PatchOperation::Replace(ReplaceOperation {
+            path: Self::pointer(path),
+            value,
+        }));
+    }
+
+    /// Adds or replaces a scalar field so that it ends up equal to `want`.
+    fn set(&mut self, path: &[&str], current: Option<Value>, want: Value) {
+        match current {
+            None => self.add(path, want),
+            Some(c) if c != want => self.replace(path, want),
+            Some(_) => {}
+        }
+    }
+
+    fn warn(&mut self, w: String) {
+        self.warnings.push(w);
+    }
+
+    fn note_later(&mut self, w: String) {
+        self.notes.push(w);
+    }
+
+    fn finish(mut self, selection: Selection) -> Mutation {
+        if !self.ops.is_empty() {
+            self.warnings.append(&mut self.notes);
+        }
+        Mutation {
+            selection,
+            patch: Patch(self.ops),
+            warnings: self.warnings,
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "mutate_tests.rs"]
+mod tests;

@@ -1,0 +1,780 @@
+//! Table-driven and property tests of the pure patch building.
+
+use super::*;
+use proptest::prelude::*;
+
+const NS: &str = "team-a";
+
+fn classes() -> BTreeMap<String, PriorityClassInfo> {
+    [
+        ("nightshift-research", -1000, "Never"),
+        ("nightshift-inference", 1_000_000, "PreemptLowerPriority"),
+        ("default-prio", 1000, "PreemptLowerPriority"),
+        ("scavenger", -5000, "Never"),
+        ("low-but-preempting", -5000, "PreemptLowerPriority"),
+    ]
+    .into_iter()
+    .map(|(n, v, p)| {
+        (
+            n.to_string(),
+            PriorityClassInfo {
+                value: v,
+                preemption_policy: p.to_string(),
+            },
+        )
+    })
+    .collect()
+}
+
+fn research_ns() -> BTreeMap<String, String> {
+    [("nightshift.io/research".to_string(), "true".to_string())].into()
+}
+
+fn plain_ns() -> BTreeMap<String, String> {
+    BTreeMap::new()
+}
+
+/// A pod as the API server hands it to webhooks after defaulting and the Priority plugin.
+fn pod(extra: Value) -> Pod {
+    let mut base = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "train", "namespace": NS},
+        "spec": {
+            "containers": [{
+                "name": "main",
+                "image": "trainer:1",
+                "resources": {"limits": {"nvidia.com/gpu": "4"}, "requests": {"nvidia.com/gpu": "4"}}
+            }],
+            "priority": 0,
+            "preemptionPolicy": "PreemptLowerPriority",
+            "terminationGracePeriodSeconds": 30
+        }
+    });
+    merge(&mut base, extra);
+    serde_json::from_value(base).expect("test pod is valid")
+}
+
+fn merge(base: &mut Value, extra: Value) {
+    match (base, extra) {
+        (Value::Object(b), Value::Object(e)) => {
+            for (k, v) in e {
+                if v.is_null() {
+                    b.remove(&k);
+                } else {
+                    merge(b.entry(k).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (b, e) => *b = e,
+    }
+}
+
+fn run(pod: &Pod, ns_labels: &BTreeMap<String, String>) -> Mutation {
+    mutate(pod, NS, ns_labels, &Policy::default(), &classes()).expect("not denied")
+}
+
+fn apply(pod: &Pod, patch: &Patch) -> Pod {
+    let mut doc = serde_json::to_value(pod).expect("pod serialises");
+    json_patch::patch(&mut doc, &patch.0).expect("patch applies");
+    serde_json::from_value(doc).expect("patched pod deserialises")
+}
+
+fn patch_json(m: &Mutation) -> Value {
+    serde_json::to_value(&m.patch).expect("patch serialises")
+}
+
+/// Mutating the patched pod again changes nothing.
+fn assert_idempotent(pod: &Pod, ns_labels: &BTreeMap<String, String>) -> Pod {
+    let first = run(pod, ns_labels);
+    let patched = apply(pod, &first.patch);
+    let second = run(&patched, ns_labels);
+    assert!(
+        second.patch.0.is_empty(),
+        "second pass must be empty, got {}",
+        patch_json(&second)
+    );
+    patched
+}
+
+fn paths(m: &Mutation) -> Vec<String> {
+    m.patch
+        .0
+        .iter()
+        .map(|op| match op {
+            PatchOperation::Add(a) => format!("add {}", a.path),
+            PatchOperation::Replace(r) => format!("replace {}", r.path),
+            other => format!("{other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn gpu_pod_in_research_namespace_gets_the_full_mark() {
+    let p = pod(json!({}));
+    let m = run(&p, &research_ns());
+    assert_eq!(m.selection, Selection::Research { gpu: true });
+    assert_eq!(
+        patch_json(&m),
+        json!([
+            {"op": "add", "path": "/spec/priorityClassName", "value": "nightshift-research"},
+            {"op": "replace", "path": "/spec/priority", "value": -1000},
+            {"op": "replace", "path": "/spec/preemptionPolicy", "value": "Never"},
+            {"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "nightshift.io/pool", "operator": "Exists"}]}
+                ]},
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 100, "preference": {"matchExpressions": [
+                        {"key": "nightshift.io/spare", "operator": "In", "values": ["true"]}
+                    ]}}
+                ]
+            }}},
+            {"op": "add", "path": "/spec/tolerations", "value": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ]},
+            {"op": "add", "path": "/metadata/labels", "value": {"nightshift.io/lent": "true"}}
+        ])
+    );
+    assert!(
+        m.warnings.iter().any(|w| w.contains("nightshift-research")),
+        "{:?}",
+        m.warnings
+    );
+    assert_idempotent(&p, &research_ns());
+}
+
+#[test]
+fn pods_that_are_not_selected_are_never_touched() {
+    type Case<'a> = (&'a str, Pod, BTreeMap<String, String>, &'a str, SkipReason);
+    let cases: Vec<Case> = vec![
+        (
+            "plain pod, plain namespace",
+            pod(json!({})),
+            plain_ns(),
+            NS,
+            SkipReason::NotResearch,
+        ),
+        (
+            "pod label other than true",
+            pod(json!({"metadata": {"labels": {"nightshift.io/research": "yes"}}})),
+            plain_ns(),
+            NS,
+            SkipReason::NotResearch,
+        ),
+        (
+            "excluded namespace even when labelled",
+            pod(json!({"metadata": {"labels": {"nightshift.io/research": "true"}}})),
+            research_ns(),
+            "kube-system",
+            SkipReason::ExcludedNamespace,
+        ),
+        (
+            "mirror pod",
+            pod(json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "abc"}}})),
+            research_ns(),
+            NS,
+            SkipReason::MirrorPod,
+        ),
+        (
+            "already bound",
+            pod(json!({"spec": {"nodeName": "gpu-1"}})),
+            research_ns(),
+            NS,
+            SkipReason::AlreadyBound,
+        ),
+    ];
+    for (name, p, labels, ns, reason) in cases {
+        let m = mutate(&p, ns, &labels, &Policy::default(), &classes()).expect(name);
+        assert_eq!(m.selection, Selection::Skipped(reason), "{name}");
+        assert!(m.patch.0.is_empty(), "{name}: {}", patch_json(&m));
+        assert!(m.warnings.is_empty(), "{name}");
+    }
+}
+
+#[test]
+fn pod_label_opts_in_outside_research_namespaces() {
+    let p = pod(json!({"metadata": {"labels": {"nightshift.io/research": "true", "app": "x"}}}));
+    let m = run(&p, &plain_ns());
+    assert_eq!(m.selection, Selection::Research { gpu: true });
+    assert!(paths(&m).contains(&"add /metadata/labels/nightshift.io~1lent".to_string()));
+    assert_idempotent(&p, &plain_ns());
+}
+
+#[test]
+fn pods_in_research_namespaces_cannot_opt_out() {
+    let p = pod(json!({"metadata": {"labels": {"nightshift.io/research": "false"}}}));
+    let m = run(&p, &research_ns());
+    assert_eq!(m.selection, Selection::Research { gpu: true });
+    assert!(
+        m.warnings.iter().any(|w| w.contains("ignored")),
+        "{:?}",
+        m.warnings
+    );
+    assert_idempotent(&p, &research_ns());
+}
+
+#[test]
+fn required_affinity_is_anded_into_every_existing_term() {
+    let p = pod(json!({"spec": {"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]},
+            {"matchExpressions": [{"key": "nightshift.io/pool", "operator": "Exists"}]}
+        ]}
+    }}}}));
+    let m = run(&p, &research_ns());
+    let ps = paths(&m);
+    let base = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms";
+    assert!(
+        ps.contains(&format!("add {base}/0/matchExpressions/-")),
+        "{ps:?}"
+    );
+    assert!(
+        ps.contains(&format!("add {base}/1/matchExpressions")),
+        "{ps:?}"
+    );
+    assert!(
+        !ps.iter().any(|p| p.contains("nodeSelectorTerms/2")),
+        "{ps:?}"
+    );
+    assert!(
+        ps.contains(
+            &"add /spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution"
+                .to_string()
+        )
+    );
+    let patched = assert_idempotent(&p, &research_ns());
+    let terms = patched
+        .spec
+        .and_then(|s| s.affinity)
+        .and_then(|a| a.node_affinity)
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution)
+        .expect("required affinity")
+        .node_selector_terms;
+    assert_eq!(terms.len(), 3, "no term added or removed");
+    let req = pool_requirement(Policy::default().pool.as_ref().expect("pool"));
+    assert!(terms.iter().all(|t| term_has(t, &req)));
+    assert_eq!(
+        terms[1].match_fields.as_ref().map(Vec::len),
+        Some(1),
+        "matchFields kept"
+    );
+}
+
+#[test]
+fn existing_preferred_terms_are_kept_and_spare_preference_appended() {
+    let p = pod(
+        json!({"spec": {"affinity": {"podAntiAffinity": {}, "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 10, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}
+            ]
+        }}}}),
+    );
+    let m = run(&p, &research_ns());
+    let ps = paths(&m);
+    assert!(
+        ps.contains(
+            &"add /spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution"
+                .to_string()
+        )
+    );
+    assert!(
+        ps.contains(
+            &"add /spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution/-"
+                .to_string()
+        )
+    );
+    let patched = assert_idempotent(&p, &research_ns());
+    let prefs = patched
+        .spec
+        .and_then(|s| s.affinity)
+        .and_then(|a| a.node_affinity)
+        .and_then(|n| n.preferred_during_scheduling_ignored_during_execution)
+        .expect("preferred");
+    assert_eq!(prefs.len(), 2);
+    assert_eq!(prefs[0].weight, 10, "user preference untouched");
+}
+
+#[test]
+fn affinity_without_node_affinity_gets_node_affinity_added() {
+    let p = pod(json!({"spec": {"affinity": {"podAffinity": {}}}}));
+    let m = run(&p, &research_ns());
+    assert!(paths(&m).contains(&"add /spec/affinity/nodeAffinity".to_string()));
+    assert_idempotent(&p, &research_ns());
+}
+
+#[test]
+fn only_missing_tolerations_are_added() {
+    let cases = [
+        (json!([{"key": "nvidia.com/gpu", "operator": "Exists"}]), 0),
+        (json!([{"operator": "Exists"}]), 0),
+        (
+            json!([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}]),
+            1,
+        ),
+        (
+            json!([{"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"}]),
+            1,
+        ),
+        (
+            json!([{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}]),
+            1,
+        ),
+    ];
+    for (tolerations, added) in cases {
+        let p = pod(json!({"spec": {"tolerations": tolerations.clone()}}));
+        let m = run(&p, &research_ns());
+        let n = paths(&m)
+            .iter()
+            .filter(|p| p.as_str() == "add /spec/tolerations/-")
+            .count();
+        assert_eq!(n, added, "{tolerations}");
+        let patched = assert_idempotent(&p, &research_ns());
+        let len = patched.spec.and_then(|s| s.tolerations).map(|t| t.len());
+        assert_eq!(
+            len,
+            Some(tolerations.as_array().map_or(0, Vec::len) + added),
+            "existing tolerations kept"
+        );
+    }
+}
+
+#[test]
+fn taints_with_values_get_equal_tolerations() {
+    let policy = Policy {
+        pool_taints: vec!["gpu=shared:NoExecute".parse().expect("taint")],
+        ..Policy::default()
+    };
+    let p = pod(json!({}));
+    let m = mutate(&p, NS, &research_ns(), &policy, &classes()).expect("ok");
+    let tol = m
+        .patch
+        .0
+        .iter()
+        .find_map(|op| match op {
+            PatchOperation::Add(a) if a.path.as_str() == "/spec/tolerations" => {
+                Some(a.value.clone())
+            }
+            _ => None,
+        })
+        .expect("tolerations added");
+    assert_eq!(
+        tol,
+        json!([{"key": "gpu", "operator": "Equal", "value": "shared", "effect": "NoExecute"}])
+    );
+}
+
+#[test]
+fn label_keys_with_slash_and_tilde_are_escaped_in_pointers() {
+    let policy = Policy {
+        lent_label: Some("example.com/odd~key".into()),
+        ..Policy::default()
+    };
+    let p = pod(json!({"metadata": {"labels": {"app": "x"}}}));
+    let m = mutate(&p, NS, &research_ns(), &policy, &classes()).expect("ok");
+    let ps = paths(&m);
+    assert!(
+        ps.contains(&"add /metadata/labels/example.com~1odd~0key".to_string()),
+        "{ps:?}"
+    );
+    let patched = apply(&p, &m.patch);
+    let labels = patched.metadata.labels.expect("labels");
+    assert_eq!(
+        labels.get("example.com/odd~key").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(labels.get("app").map(String::as_str), Some("x"));
+}
+
+#[test]
+fn user_set_higher_priority_is_overridden_with_a_warning() {
+    let p = pod(json!({"spec": {
+        "priorityClassName": "nightshift-inference",
+        "priority": 1_000_000,
+        "preemptionPolicy": "PreemptLowerPriority"
+    }}));
+    let m = run(&p, &research_ns());
+    let ps = paths(&m);
+    for field in ["priorityClassName", "priority", "preemptionPolicy"] {
+        assert!(ps.contains(&format!("replace /spec/{field}")), "{ps:?}");
+    }
+    assert!(
+        m.warnings
+            .iter()
+            .any(|w| w.contains("\"nightshift-inference\" replaced")),
+        "{:?}",
+        m.warnings
+    );
+    let patched = assert_idempotent(&p, &research_ns());
+    let spec = patched.spec.expect("spec");
+    assert_eq!(
+        spec.priority_class_name.as_deref(),
+        Some("nightshift-research")
+    );
+    assert_eq!(spec.priority, Some(-1000));
+    assert_eq!(spec.preemption_policy.as_deref(), Some("Never"));
+}
+
+#[test]
+fn global_default_class_stamped_by_the_api_server_is_replaced_consistently() {
+    // What the Priority plugin leaves when a globalDefault class exists.
+    let p = pod(json!({"spec": {"priorityClassName": "default-prio", "priority": 1000}}));
+    let patched = assert_idempotent(&p, &research_ns());
+    let spec = patched.spec.expect("spec");
+    assert_eq!(
+        (
+            spec.priority_class_name.as_deref(),
+            spec.priority,
+            spec.preemption_policy.as_deref()
+        ),
+        (Some("nightshift-research"), Some(-1000), Some("Never"))
+    );
+}
+
+#[test]
+fn pod_without_priority_fields_gets_all_three_added() {
+    let p = pod(json!({"spec": {"priority": null, "preemptionPolicy": null}}));
+    let m = run(&p, &research_ns());
+    let ps = paths(&m);
+    for field in ["priorityClassName", "priority", "preemptionPolicy"] {
+        assert!(ps.contains(&format!("add /spec/{field}")), "{ps:?}");
+    }
+}
+
+#[test]
+fn a_lower_never_preempting_class_may_be_kept() {
+    let p = pod(
+        json!({"spec": {"priorityClassName": "scavenger", "priority": -5000, "preemptionPolicy": "Never"}}),
+    );
+    let m = run(&p, &research_ns());
+    assert!(
+        !paths(&m).iter().any(|p| p.contains("priority")),
+        "{:?}",
+        paths(&m)
+    );
+    // A lower class that still preempts is not acceptable.
+    let p = pod(json!({"spec": {"priorityClassName": "low-but-preempting", "priority": -5000}}));
+    let patched = assert_idempotent(&p, &research_ns());
+    assert_eq!(
+        patched.spec.and_then(|s| s.priority_class_name).as_deref(),
+        Some("nightshift-research")
+    );
+}
+
+#[test]
+fn missing_research_class_denies_with_instructions() {
+    let mut cls = classes();
+    cls.remove("nightshift-research");
+    let err = mutate(
+        &pod(json!({})),
+        NS,
+        &research_ns(),
+        &Policy::default(),
+        &cls,
+    )
+    .expect_err("denied");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("kubectl create priorityclass nightshift-research"),
+        "{msg}"
+    );
+    assert!(msg.contains("preemption-policy=Never"), "{msg}");
+    // Pods that are not research are not affected by the missing class.
+    let m = mutate(&pod(json!({})), NS, &plain_ns(), &Policy::default(), &cls).expect("ok");
+    assert!(m.patch.0.is_empty());
+}
+
+#[test]
+fn cpu_only_research_pod_gets_low_priority_but_stays_off_the_gpu_pool() {
+    let p = pod(
+        json!({"spec": {"containers": [{"name": "prep", "image": "prep:1",
+        "resources": {"requests": {"cpu": "2", "nvidia.com/gpu": "0"}}}]}}),
+    );
+    let m = run(&p, &research_ns());
+    assert_eq!(m.selection, Selection::Research { gpu: false });
+    let ps = paths(&m);
+    assert!(ps.iter().any(|p| p.contains("priorityClassName")), "{ps:?}");
+    assert!(
+        !ps.iter()
+            .any(|p| p.contains("affinity") || p.contains("tolerations")),
+        "{ps:?}"
+    );
+    assert!(
+        m.warnings
+            .iter()
+            .any(|w| w.contains("not sent to the GPU pool")),
+        "{:?}",
+        m.warnings
+    );
+    assert_idempotent(&p, &research_ns());
+}
+
+#[test]
+fn gpu_requested_only_by_an_init_container_counts() {
+    let p = pod(json!({"spec": {
+        "containers": [{"name": "main", "image": "x"}],
+        "initContainers": [{"name": "warm", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    }}));
+    assert_eq!(
+        run(&p, &research_ns()).selection,
+        Selection::Research { gpu: true }
+    );
+}
+
+#[test]
+fn grace_period_is_capped_never_raised() {
+    for (current, expected_op, end) in [
+        (Some(600), Some("replace"), 30),
+        (Some(10), None, 10),
+        (None, Some("add"), 30),
+    ] {
+        let p = pod(json!({"spec": {"terminationGracePeriodSeconds": current}}));
+        let m = run(&p, &research_ns());
+        let op = paths(&m)
+            .into_iter()
+            .find(|p| p.ends_with("/spec/terminationGracePeriodSeconds"));
+        assert_eq!(
+            op.as_deref().and_then(|o| o.split(' ').next()),
+            expected_op,
+            "{current:?}"
+        );
+        let patched = assert_idempotent(&p, &research_ns());
+        assert_eq!(
+            patched
+                .spec
+                .and_then(|s| s.termination_grace_period_seconds),
+            Some(end)
+        );
+    }
+}
+
+#[test]
+fn every_part_can_be_switched_off() {
+    let policy = Policy {
+        priority_class: None,
+        pool: None,
+        spare: None,
+        pool_taints: Vec::new(),
+        lent_label: None,
+        max_grace_period_seconds: None,
+        ..Policy::default()
+    };
+    let p = pod(json!({"spec": {"terminationGracePeriodSeconds": 600}}));
+    let m = mutate(&p, NS, &research_ns(), &policy, &BTreeMap::new()).expect("no class needed");
+    assert!(m.patch.0.is_empty(), "{}", patch_json(&m));
+}
+
+#[test]
+fn pool_names_give_an_in_requirement() {
+    let policy = Policy {
+        pool: Some(PoolSelector {
+            key: "nightshift.io/pool".into(),
+            values: vec!["h100".into(), "a100".into()],
+        }),
+        ..Policy::default()
+    };
+    let p = pod(json!({}));
+    let m = mutate(&p, NS, &research_ns(), &policy, &classes()).expect("ok");
+    let text = patch_json(&m).to_string();
+    assert!(
+        text.contains(r#"{"key":"nightshift.io/pool","operator":"In","values":["h100","a100"]}"#),
+        "{text}"
+    );
+}
+
+#[test]
+fn taint_specs_parse_and_reject_nonsense() {
+    assert_eq!(
+        "nvidia.com/gpu=present:NoSchedule".parse::<PoolTaint>(),
+        Ok(PoolTaint {
+            key: "nvidia.com/gpu".into(),
+            value: Some("present".into()),
+            effect: "NoSchedule".into()
+        })
+    );
+    assert!("nvidia.com/gpu".parse::<PoolTaint>().is_err());
+    assert!("gpu:Sometimes".parse::<PoolTaint>().is_err());
+    assert!(":NoSchedule".parse::<PoolTaint>().is_err());
+}
+
+#[test]
+fn quantities_of_zero_are_not_requests() {
+    for (q, positive) in [
+        ("0", false),
+        ("0.0", false),
+        ("", false),
+        ("1", true),
+        ("8", true),
+        ("1k", true),
+        ("-1", false),
+    ] {
+        assert_eq!(quantity_is_positive(q), positive, "{q:?}");
+    }
+}
+
+// ---- property test -------------------------------------------------------------------------
+
+fn arb_requirement() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(json!({"key": "zone", "operator": "In", "values": ["a", "b"]})),
+        Just(json!({"key": "nightshift.io/pool", "operator": "Exists"})),
+        Just(json!({"key": "nightshift.io/pool", "operator": "In", "values": ["h100"]})),
+        Just(json!({"key": "nightshift.io/spare", "operator": "In", "values": ["true"]})),
+        Just(json!({"key": "weird/key~1", "operator": "DoesNotExist"})),
+    ]
+}
+
+fn arb_term() -> impl Strategy<Value = Value> {
+    (
+        proptest::option::of(proptest::collection::vec(arb_requirement(), 0..3)),
+        any::<bool>(),
+    )
+        .prop_map(|(exprs, fields)| {
+            let mut t = serde_json::Map::new();
+            if let Some(e) = exprs {
+                t.insert("matchExpressions".into(), Value::Array(e));
+            }
+            if fields {
+                t.insert(
+                    "matchFields".into(),
+                    json!([{"key": "metadata.name", "operator": "In", "values": ["n1"]}]),
+                );
+            }
+            Value::Object(t)
+        })
+}
+
+fn arb_affinity() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(Value::Null),
+        Just(json!({})),
+        Just(json!({"nodeAffinity": {}})),
+        (
+            proptest::option::of(proptest::collection::vec(arb_term(), 0..4)),
+            proptest::option::of(proptest::collection::vec(
+                (1..=100i32, arb_term()).prop_map(|(w, t)| json!({"weight": w, "preference": t})),
+                0..3
+            )),
+        )
+            .prop_map(|(req, pref)| {
+                let mut na = serde_json::Map::new();
+                if let Some(terms) = req {
+                    na.insert(
+                        "requiredDuringSchedulingIgnoredDuringExecution".into(),
+                        json!({ "nodeSelectorTerms": terms }),
+                    );
+                }
+                if let Some(p) = pref {
+                    na.insert(
+                        "preferredDuringSchedulingIgnoredDuringExecution".into(),
+                        Value::Array(p),
+                    );
+                }
+                json!({ "nodeAffinity": na })
+            }),
+    ]
+}
+
+fn arb_toleration() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(json!({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})),
+        Just(json!({"key": "nvidia.com/gpu", "operator": "Equal", "value": "present"})),
+        Just(json!({"operator": "Exists"})),
+        Just(json!({"key": "other", "operator": "Exists", "effect": "NoExecute"})),
+    ]
+}
+
+prop_compose! {
+    fn arb_case()(
+        ns_research in any::<bool>(),
+        pod_label in proptest::option::of(prop_oneof![Just("true"), Just("false"), Just("")]),
+        other_labels in any::<bool>(),
+        gpus in prop_oneof![Just(None), Just(Some("0")), Just(Some("1")), Just(Some("8"))],
+        init_gpu in any::<bool>(),
+        affinity in arb_affinity(),
+        tolerations in proptest::option::of(proptest::collection::vec(arb_toleration(), 0..4)),
+        class in prop_oneof![
+            Just(None), Just(Some("nightshift-research")), Just(Some("nightshift-inference")),
+            Just(Some("default-prio")), Just(Some("scavenger")), Just(Some("unknown"))
+        ],
+        priority in proptest::option::of(-10_000..2_000_000i32),
+        policy in proptest::option::of(prop_oneof![Just("Never"), Just("PreemptLowerPriority")]),
+        grace in proptest::option::of(0..1000i64),
+    ) -> (BTreeMap<String, String>, Value) {
+        let ns = if ns_research { research_ns() } else { plain_ns() };
+        let mut labels = serde_json::Map::new();
+        if let Some(v) = pod_label { labels.insert("nightshift.io/research".into(), json!(v)); }
+        if other_labels { labels.insert("app.kubernetes.io/name".into(), json!("x")); }
+        let mut container = json!({"name": "main", "image": "x"});
+        if let Some(g) = gpus { container["resources"] = json!({"limits": {"nvidia.com/gpu": g}}); }
+        let mut spec = json!({"containers": [container]});
+        if init_gpu {
+            spec["initContainers"] = json!([{"name": "i", "image": "x", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]);
+        }
+        if !affinity.is_null() { spec["affinity"] = affinity; }
+        if let Some(t) = tolerations { spec["tolerations"] = Value::Array(t); }
+        if let Some(c) = class { spec["priorityClassName"] = json!(c); }
+        if let Some(p) = priority { spec["priority"] = json!(p); }
+        if let Some(p) = policy { spec["preemptionPolicy"] = json!(p); }
+        if let Some(g) = grace { spec["terminationGracePeriodSeconds"] = json!(g); }
+        let mut metadata = json!({"name": "p", "namespace": NS});
+        if !labels.is_empty() { metadata["labels"] = Value::Object(labels); }
+        (ns, json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}))
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn patched_pods_are_valid_marked_and_stable((ns, doc) in arb_case()) {
+        let policy = Policy::default();
+        let pod: Pod = serde_json::from_value(doc.clone()).expect("generated pod is valid");
+        let m = mutate(&pod, NS, &ns, &policy, &classes()).expect("research class exists");
+
+        // The patch applies to the pod's own JSON (not a re-serialisation) and gives a Pod.
+        let mut patched_doc = doc;
+        json_patch::patch(&mut patched_doc, &m.patch.0).expect("patch applies");
+        let patched: Pod = serde_json::from_value(patched_doc).expect("patched JSON is a Pod");
+
+        let selected = ns.contains_key("nightshift.io/research")
+            || pod.metadata.labels.as_ref().and_then(|l| l.get("nightshift.io/research")).is_some_and(|v| v == "true");
+        match m.selection {
+            Selection::Skipped(_) => {
+                prop_assert!(!selected);
+                prop_assert!(m.patch.0.is_empty());
+            }
+            Selection::Research { gpu } => {
+                prop_assert!(selected);
+                let spec = patched.spec.clone().expect("spec");
+                let cls = classes();
+                let name = spec.priority_class_name.clone().expect("class set");
+                let info = cls.get(&name).expect("known class");
+                prop_assert!(info.value <= -1000 && info.preemption_policy == "Never");
+                prop_assert_eq!(spec.priority, Some(info.value));
+                prop_assert_eq!(spec.preemption_policy.as_deref(), Some(info.preemption_policy.as_str()));
+                prop_assert!(spec.termination_grace_period_seconds.is_some_and(|g| g <= 30));
+                prop_assert_eq!(
+                    patched.metadata.labels.as_ref().and_then(|l| l.get("nightshift.io/lent")).map(String::as_str),
+                    Some("true")
+                );
+                prop_assert_eq!(gpu, requests_resource(&spec, "nvidia.com/gpu"));
+                if gpu {
+                    let req = pool_requirement(policy.pool.as_ref().expect("pool"));
+                    let terms = spec.affinity.as_ref()
+                        .and_then(|a| a.node_affinity.as_ref())
+                        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
+                        .map(|s| s.node_selector_terms.clone())
+                        .unwrap_or_default();
+                    prop_assert!(!terms.is_empty());
+                    prop_assert!(terms.iter().all(|t| term_has(t, &req)));
+                    let tols = spec.tolerations.clone().unwrap_or_default();
+                    prop_assert!(policy.pool_taints.iter().all(|t| tols.iter().any(|tol| tolerates(tol, t))));
+                }
+            }
+        }
+        let again = mutate(&patched, NS, &ns, &policy, &classes()).expect("still fine");
+        prop_assert!(again.patch.0.is_empty(), "second pass: {}", patch_json(&again));
+    }
+}

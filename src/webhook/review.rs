@@ -1,0 +1,334 @@
+//! Admission plumbing: turns the bytes of an `AdmissionReview` into the bytes of the answer,
+//! calling the pure [`mutate`] in between, and counts what happened.
+//!
+//! Owns the decision between "HTTP 400" (there is no review to answer: the body is not an
+//! `admission.k8s.io/v1` AdmissionReview with a request and a uid) and "an AdmissionResponse
+//! that refuses" (the review is well formed but its object cannot be handled). Knows nothing of
+//! sockets or TLS.
+
+use std::{sync::Arc, time::Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::{
+    DynamicObject,
+    admission::{
+        AdmissionRequest, AdmissionResponse, AdmissionReview, META_API_VERSION_V1, META_KIND,
+        Operation,
+    },
+};
+use prometheus_client::{
+    encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder},
+    metrics::{counter::Counter, family::Family, histogram::Histogram},
+    registry::Registry,
+};
+
+use super::{
+    Error,
+    cluster::ClusterView,
+    mutate::{Denial, Mutation, Policy, Selection, mutate},
+};
+
+/// What happened to one review, for metrics and logs.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Outcome {
+    /// A research pod was changed.
+    Mutated,
+    /// Admitted unchanged (not research, excluded, or already marked).
+    Skipped,
+    /// A research pod was refused.
+    Denied,
+    /// The request could not be handled (HTTP 400 or an invalid-request response).
+    Invalid,
+}
+
+impl Outcome {
+    /// The metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Mutated => "mutated",
+            Self::Skipped => "skipped",
+            Self::Denied => "denied",
+            Self::Invalid => "invalid",
+        }
+    }
+}
+
+impl EncodeLabelValue for Outcome {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+        EncodeLabelValue::encode(&self.as_str(), encoder)
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: Outcome,
+}
+
+/// The webhook's metrics.
+#[derive(Clone)]
+pub struct Metrics {
+    admissions: Family<OutcomeLabels, Counter>,
+    latency: Histogram,
+    patch_operations: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            admissions: Family::default(),
+            // 50 µs … ~0.8 s: the API server's timeout is a few seconds at most, and a healthy
+            // review takes well under a millisecond, so the low buckets carry the detail.
+            latency: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                0.000_05, 2.0, 15,
+            )),
+            patch_operations: Counter::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// Registers the metrics (`webhook_admissions_total{outcome}`,
+    /// `webhook_admission_duration_seconds`, `webhook_patch_operations_total`).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "webhook_admissions",
+            "Pod admission reviews answered, by outcome (mutated, skipped, denied, invalid)",
+            self.admissions.clone(),
+        );
+        registry.register(
+            "webhook_admission_duration_seconds",
+            "Time to answer one admission review, from body received to answer encoded",
+            self.latency.clone(),
+        );
+        registry.register(
+            "webhook_patch_operations",
+            "JSON Patch operations returned to the API server",
+            self.patch_operations.clone(),
+        );
+    }
+
+    fn count(&self, outcome: Outcome) {
+        self.admissions
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    /// How many reviews ended with `outcome` (for tests and status).
+    pub fn admissions(&self, outcome: Outcome) -> u64 {
+        self.admissions
+            .get_or_create(&OutcomeLabels { outcome })
+            .get()
+    }
+}
+
+/// The answer to one HTTP request on `/mutate`.
+#[derive(Debug)]
+pub enum Answer {
+    /// 200 with this JSON body (an AdmissionReview carrying a response).
+    Review(Vec<u8>),
+    /// 400 with this plain-text message: there is no review to answer.
+    BadRequest(String),
+}
+
+/// Everything a review needs: the policy, the cluster view and the metrics.
+#[derive(Clone)]
+pub struct Reviewer {
+    pub policy: Arc<Policy>,
+    pub cluster: Arc<dyn ClusterView>,
+    pub metrics: Metrics,
+}
+
+impl Reviewer {
+    /// Answers one review body. Never panics on any input.
+    pub async fn review(&self, body: &[u8]) -> Answer {
+        let started = Instant::now();
+        let (answer, outcome) = match self.review_inner(body).await {
+            Ok((response, outcome)) => match encode(response) {
+                Ok(bytes) => (Answer::Review(bytes), outcome),
+                Err(e) => (Answer::BadRequest(e.to_string()), Outcome::Invalid),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "admission request rejected");
+                (e.into_answer(), Outcome::Invalid)
+            }
+        };
+        self.metrics.count(outcome);
+        self.metrics
+            .latency
+            .observe(started.elapsed().as_secs_f64());
+        answer
+    }
+
+    async fn review_inner(&self, body: &[u8]) -> Result<(AdmissionResponse, Outcome), Error> {
+        let request = parse(body)?;
+        let response = AdmissionResponse::from(&request);
+        let uid = request.uid.clone();
+
+        // Only pod creations are marked; anything else the configuration sends is let through
+        // unchanged (updates cannot change priority or affinity of a pod anyway).
+        if request.operation != Operation::Create || request.sub_resource.is_some() {
+            return Ok((response, Outcome::Skipped));
+        }
+        let Some(pod) = request.object.as_ref() else {
+            return Err(Error::MissingObject { uid });
+        };
+        let Some(namespace) = request
+            .namespace
+            .as_deref()
+            .or(pod.metadata.namespace.as_deref())
+            .filter(|ns| !ns.is_empty())
+        else {
+            return Err(Error::MissingNamespace { uid });
+        };
+        let labels = if self.policy.excluded_namespaces.contains(namespace) {
+            Default::default()
+        } else {
+            match self.cluster.namespace_labels(namespace).await {
+                Ok(labels) => labels.unwrap_or_default(),
+                Err(e) => {
+                    // Fail closed for this pod only: it may be a research pod.
+                    tracing::warn!(error = %e, namespace, "namespace lookup failed");
+                    let response = response.deny(format!(
+                        "nightshift: cannot read namespace {namespace:?} to decide whether this \
+                         is a research pod; retry shortly ({e})"
+                    ));
+                    return Ok((response, Outcome::Denied));
+                }
+            }
+        };
+        let name = pod
+            .metadata
+            .name
+            .as_deref()
+            .or(pod.metadata.generate_name.as_deref())
+            .unwrap_or_default();
+        let classes: &dyn super::mutate::PriorityClasses = self.cluster.as_ref();
+        match mutate(pod, namespace, &labels, &self.policy, classes) {
+            Ok(Mutation {
+                selection,
+                patch,
+                warnings,
+            }) => {
+                let ops = patch.0.len();
+                let outcome = if ops > 0 {
+                    Outcome::Mutated
+                } else {
+                    Outcome::Skipped
+                };
+                match selection {
+                    Selection::Research { gpu } => tracing::info!(
+                        namespace,
+                        pod = name,
+                        gpu,
+                        operations = ops,
+                        dry_run = request.dry_run,
+                        "research pod marked"
+                    ),
+                    Selection::Skipped(reason) => {
+                        tracing::debug!(namespace, pod = name, reason = reason.as_str(), "skipped")
+                    }
+                }
+                let mut response = response;
+                if ops > 0 {
+                    self.metrics.patch_operations.inc_by(ops as u64);
+                    response = response
+                        .with_patch(patch)
+                        .map_err(|e| Error::Encode(e.to_string()))?;
+                }
+                if !warnings.is_empty() {
+                    response.warnings = Some(warnings);
+                }
+                Ok((response, outcome))
+            }
+            Err(denial) => {
+                tracing::warn!(namespace, pod = name, reason = %denial, "research pod denied");
+                Ok((deny(response, &denial), Outcome::Denied))
+            }
+        }
+    }
+}
+
+fn deny(response: AdmissionResponse, denial: &Denial) -> AdmissionResponse {
+    let mut response = response.deny(denial);
+    response.result.code = 403;
+    response.result.reason = "Forbidden".into();
+    response
+}
+
+/// Parses a review. The fast path reads the pod straight into its typed form; only when that
+/// fails is the body parsed again, loosely, to tell the caller precisely what is wrong (and to
+/// echo the uid when there is one).
+fn parse(body: &[u8]) -> Result<AdmissionRequest<Pod>, Error> {
+    let typed_error = match serde_json::from_slice::<AdmissionReview<Pod>>(body) {
+        Ok(review) => {
+            check_types(&review.types)?;
+            let request: AdmissionRequest<Pod> =
+                review.try_into().map_err(|_| Error::MissingRequest)?;
+            check_request(&request.uid, &request.kind)?;
+            return Ok(request);
+        }
+        Err(e) => e,
+    };
+    let loose: AdmissionReview<DynamicObject> =
+        serde_json::from_slice(body).map_err(|e| Error::NotAReview(e.to_string()))?;
+    check_types(&loose.types)?;
+    let request: AdmissionRequest<DynamicObject> =
+        loose.try_into().map_err(|_| Error::MissingRequest)?;
+    check_request(&request.uid, &request.kind)?;
+    Err(Error::UnreadablePod {
+        uid: request.uid,
+        reason: typed_error.to_string(),
+    })
+}
+
+fn check_types(types: &kube::core::TypeMeta) -> Result<(), Error> {
+    if types.api_version != META_API_VERSION_V1 || types.kind != META_KIND {
+        return Err(Error::WrongType {
+            api_version: types.api_version.clone(),
+            kind: types.kind.clone(),
+        });
+    }
+    Ok(())
+}
+
+fn check_request(uid: &str, kind: &kube::core::GroupVersionKind) -> Result<(), Error> {
+    if uid.is_empty() {
+        return Err(Error::MissingUid);
+    }
+    if !(kind.group.is_empty() && kind.kind == "Pod") {
+        return Err(Error::NotAPod {
+            uid: uid.to_string(),
+            kind: if kind.group.is_empty() {
+                format!("{}/{}", kind.version, kind.kind)
+            } else {
+                format!("{}/{}/{}", kind.group, kind.version, kind.kind)
+            },
+        });
+    }
+    Ok(())
+}
+
+fn encode(response: AdmissionResponse) -> Result<Vec<u8>, Error> {
+    serde_json::to_vec(&response.into_review()).map_err(|e| Error::Encode(e.to_string()))
+}
+
+impl Error {
+    /// The one place where errors become answers: HTTP 400 when there is no uid to answer to,
+    /// otherwise an invalid-request AdmissionResponse echoing the uid.
+    fn into_answer(self) -> Answer {
+        let uid = match &self {
+            Error::MissingObject { uid }
+            | Error::MissingNamespace { uid }
+            | Error::NotAPod { uid, .. }
+            | Error::UnreadablePod { uid, .. } => uid.clone(),
+            _ => return Answer::BadRequest(format!("{self}\n")),
+        };
+        let mut response = AdmissionResponse::invalid(&self);
+        response.uid = uid;
+        response.result.code = 400;
+        match encode(response) {
+            Ok(bytes) => Answer::Review(bytes),
+            Err(e) => Answer::BadRequest(format!("{e}\n")),
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! HTTPS transport: the axum [`router`] (`POST /mutate`) and [`serve`], which accepts TCP
+//! connections, does the TLS handshake (tokio-rustls) and hands each connection to hyper-util's
+//! HTTP/1.1 + HTTP/2 server. On shutdown it stops accepting and lets every connection finish the
+//! reviews in flight before closing.
+
+use std::{sync::Arc, time::Duration};
+
+use axum::{
+    Router,
+    body::Bytes,
+    extract::{DefaultBodyLimit, State},
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::post,
+};
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo},
+    server::conn::auto,
+    service::TowerToHyperService,
+};
+use rustls::ServerConfig;
+use tokio::{net::TcpListener, task::JoinSet};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Error,
+    review::{Answer, Reviewer},
+};
+
+/// A client that opens a connection and never finishes the handshake must not hold a task
+/// forever; the API server completes a handshake in milliseconds.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// After a failed `accept` (e.g. out of file descriptors) wait a little instead of spinning.
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
+
+/// The webhook's routes: `POST /mutate`. Bodies above `max_body_bytes` get HTTP 413.
+pub fn router(reviewer: Reviewer, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/mutate", post(mutate))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(Arc::new(reviewer))
+}
+
+async fn mutate(State(reviewer): State<Arc<Reviewer>>, body: Bytes) -> Response {
+    match reviewer.review(&body).await {
+        Answer::Review(json) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            json,
+        )
+            .into_response(),
+        Answer::BadRequest(message) => (StatusCode::BAD_REQUEST, message).into_response(),
+    }
+}
+
+/// Serves `router` over TLS on `listener` until `shutdown`, then drains open connections
+/// (in-flight reviews are answered, idle keep-alive connections are closed).
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<ServerConfig>,
+    router: Router,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "webhook listening (HTTPS)");
+    }
+    let acceptor = TlsAcceptor::from(tls);
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            accepted = listener.accept() => {
+                let (tcp, peer) = match accepted {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "webhook accept failed");
+                        tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
+                        continue;
+                    }
+                };
+                let acceptor = acceptor.clone();
+                let router = router.clone();
+                let shutdown = shutdown.clone();
+                connections.spawn(async move {
+                    // Reviews are small request/response pairs: send them without delay.
+                    let _ = tcp.set_nodelay(true);
+                    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    let builder = auto::Builder::new(TokioExecutor::new());
+                    let conn = builder.serve_connection(TokioIo::new(tls), TowerToHyperService::new(router));
+                    tokio::pin!(conn);
+                    tokio::select! {
+                        res = conn.as_mut() => {
+                            if let Err(e) = res {
+                                tracing::debug!(%peer, error = %e, "webhook connection ended with an error");
+                            }
+                        }
+                        () = shutdown.cancelled() => {
+                            conn.as_mut().graceful_shutdown();
+                            if let Err(e) = conn.await {
+                                tracing::debug!(%peer, error = %e, "webhook connection ended with an error while draining");
+                            }
+                        }
+                    }
+                });
+            }
+        }
+    }
+    drop(listener);
+    tracing::info!(
+        connections = connections.len(),
+        "webhook draining in-flight reviews"
+    );
+    while connections.join_next().await.is_some() {}
+    Ok(())
+}
