@@ -415,6 +415,8 @@ async fn boot(env: &Env, bin: &Path, dir: &Path) -> Result<(kube::Client, String
             format!("--service-account-key-file={}", d("sa.pub")),
             format!("--service-account-signing-key-file={}", d("sa.key")),
             s("--allow-privileged=true"),
+            // The `kubernetes` Service cannot point at a loopback address; nothing here uses it.
+            s("--endpoint-reconciler-type=none"),
             s("--profiling=false"),
             s("--v=1"),
         ],
