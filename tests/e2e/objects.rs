@@ -1,0 +1,205 @@
+//! Builders for the Kubernetes objects the scenarios create, and small queries over pods.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use crate::cluster::{GPU_RESOURCE, POOL, POOL_LABEL};
+
+/// PriorityClass of research pods: below every default workload (0), never preempts.
+pub const RESEARCH_CLASS: &str = "nightshift-research";
+pub const RESEARCH_VALUE: i32 = -1000;
+/// PriorityClass of inference pods: high, preempts research.
+pub const INFERENCE_CLASS: &str = "nightshift-inference";
+pub const INFERENCE_VALUE: i32 = 1_000_000;
+
+/// A placeholder image: kwok never pulls it.
+const IMAGE: &str = "registry.invalid/nightshift-e2e:placeholder";
+
+/// Field manager for server-side apply by the tests.
+const MANAGER: &str = "nightshift-e2e";
+
+/// Creates (or keeps) the two PriorityClasses, the way the base manifests define them.
+pub async fn ensure_priority_classes(client: &kube::Client) -> Result<()> {
+    let api: Api<PriorityClass> = Api::all(client.clone());
+    for (name, value, policy) in [
+        (RESEARCH_CLASS, RESEARCH_VALUE, "Never"),
+        (INFERENCE_CLASS, INFERENCE_VALUE, "PreemptLowerPriority"),
+    ] {
+        let pc = json!({
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name},
+            "value": value,
+            "preemptionPolicy": policy,
+            "globalDefault": false,
+        });
+        api.patch(
+            name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&pc),
+        )
+        .await
+        .with_context(|| format!("applying PriorityClass {name}"))?;
+    }
+    Ok(())
+}
+
+/// Toleration of the GPU pool's taint.
+pub fn pool_toleration() -> Value {
+    json!({"key": POOL_LABEL, "operator": "Equal", "value": POOL, "effect": "NoSchedule"})
+}
+
+/// Container requesting `gpus` GPUs (requests = limits, as extended resources require).
+fn gpu_container(name: &str, gpus: u32) -> Value {
+    json!({
+        "name": name,
+        "image": IMAGE,
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "128Mi", GPU_RESOURCE: gpus.to_string()},
+            "limits": {GPU_RESOURCE: gpus.to_string()},
+        },
+    })
+}
+
+/// An inference Deployment on the GPU pool: `gpus` GPUs per replica, high priority.
+pub fn inference_deployment(name: &str, replicas: i32, gpus: u32) -> Result<Deployment> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name, "role": "inference"}},
+                "spec": {
+                    "priorityClassName": INFERENCE_CLASS,
+                    "nodeSelector": {POOL_LABEL: POOL},
+                    "tolerations": [pool_toleration()],
+                    "containers": [gpu_container("vllm", gpus)],
+                },
+            },
+        },
+    }))?)
+}
+
+/// A research Job of `parallelism` one-GPU pods that run until deleted. With `marked`, the pods
+/// carry the research class, pool selector and toleration themselves (what the webhook would
+/// add); without, only the research label, for the webhook to mutate. Preemptions are ignored
+/// by the pod failure policy, so preempted pods are simply replaced.
+pub fn research_job(name: &str, parallelism: i32, marked: bool) -> Result<Job> {
+    let mut pod_spec = json!({
+        "restartPolicy": "Never",
+        // Research pods give the GPU back quickly when preempted.
+        "terminationGracePeriodSeconds": 5,
+        "containers": [gpu_container("train", 1)],
+    });
+    if marked {
+        pod_spec["priorityClassName"] = json!(RESEARCH_CLASS);
+        pod_spec["nodeSelector"] = json!({POOL_LABEL: POOL});
+        pod_spec["tolerations"] = json!([pool_toleration()]);
+    }
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "parallelism": parallelism,
+            "completions": parallelism,
+            // Preempted pods do not count against it (pod failure policy), but a generous limit
+            // keeps the Job alive even if a preemption were counted as a failure.
+            "backoffLimit": 1000,
+            "podFailurePolicy": {"rules": [{
+                "action": "Ignore",
+                "onPodConditions": [{"type": "DisruptionTarget"}],
+            }]},
+            "template": {
+                "metadata": {"labels": {"nightshift.io/research": "true", "role": "research"}},
+                "spec": pod_spec,
+            },
+        },
+    }))?)
+}
+
+/// Pods in `ns` matching `selector`, keyed by name.
+pub async fn pods(
+    client: &kube::Client,
+    ns: &str,
+    selector: &str,
+) -> Result<BTreeMap<String, Pod>> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let list = api.list(&ListParams::default().labels(selector)).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .map(|p| (p.metadata.name.clone().unwrap_or_default(), p))
+        .collect())
+}
+
+/// Running (phase) and not being deleted.
+pub fn is_running(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+}
+
+/// Bound to a node and not being deleted.
+pub fn is_bound(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
+}
+
+pub fn node_of(p: &Pod) -> Option<&str> {
+    p.spec.as_ref().and_then(|s| s.node_name.as_deref())
+}
+
+/// The pod carries condition `DisruptionTarget` with reason `PreemptionByScheduler`.
+pub fn preempted_by_scheduler(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c.type_ == "DisruptionTarget"
+                    && c.reason.as_deref() == Some("PreemptionByScheduler")
+            })
+        })
+}
+
+/// GPUs requested by a pod's containers.
+pub fn gpus_of(p: &Pod) -> u32 {
+    p.spec
+        .as_ref()
+        .map(|s| {
+            s.containers
+                .iter()
+                .filter_map(|c| c.resources.as_ref()?.requests.as_ref()?.get(GPU_RESOURCE))
+                .filter_map(|q| q.0.parse::<u32>().ok())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Sets the replica count through the scale subresource, as an autoscaler does.
+pub async fn scale_deployment(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    replicas: i32,
+) -> Result<()> {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    api.patch_scale(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"replicas": replicas}})),
+    )
+    .await
+    .with_context(|| format!("scaling deployment {ns}/{name} to {replicas}"))?;
+    Ok(())
+}
