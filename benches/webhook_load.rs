@@ -75,7 +75,7 @@ async fn main() {
         ),
         metrics: Metrics::default(),
     };
-    let router = server::router(reviewer, 3 << 20);
+    let router = server::router(reviewer, 3 << 20, nightshift::admin::Readiness::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

@@ -93,26 +93,26 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-#[derive(Clone)]
-struct AdminState {
-    registry: Arc<Registry>,
-    readiness: Readiness,
-}
-
 /// The base admin router: `/livez`, `/readyz` and `/metrics`. Merge component routes into it.
 pub fn router(registry: Arc<Registry>, readiness: Readiness) -> Router {
     Router::new()
         .route("/livez", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(AdminState {
-            registry,
-            readiness,
-        })
+        .with_state(registry)
+        .merge(readiness_router(readiness))
 }
 
-async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
-    let pending = state.readiness.pending();
+/// `GET /readyz` alone: 200 when every registered condition is ready, 503 naming the pending
+/// ones otherwise. Also served on the webhook's HTTPS port, so that a readiness probe exercises
+/// TLS as the API server will.
+pub fn readiness_router(readiness: Readiness) -> Router {
+    Router::new()
+        .route("/readyz", get(readyz))
+        .with_state(readiness)
+}
+
+async fn readyz(State(readiness): State<Readiness>) -> impl IntoResponse {
+    let pending = readiness.pending();
     if pending.is_empty() {
         (StatusCode::OK, "ok\n".to_string())
     } else {
@@ -123,9 +123,9 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
     }
 }
 
-async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
+async fn metrics(State(registry): State<Arc<Registry>>) -> impl IntoResponse {
     let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
+    match prometheus_client::encoding::text::encode(&mut body, &registry) {
         Ok(()) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)],

@@ -295,7 +295,7 @@ pub async fn start_with(
         cluster,
         metrics,
     };
-    let router = server::router(reviewer, args.webhook_max_body_bytes);
+    let router = server::router(reviewer, args.webhook_max_body_bytes, ctx.readiness.clone());
     let listener = tokio::net::TcpListener::bind(args.webhook_addr)
         .await
         .map_err(|source| Error::Bind {

@@ -1,4 +1,4 @@
-//! HTTPS transport: the axum [`router`] (`POST /mutate`) and [`serve`], which accepts TCP
+//! HTTPS transport: the axum [`router`] (`POST /mutate`, `GET /readyz`) and [`serve`], which accepts TCP
 //! connections, does the TLS handshake (tokio-rustls) and hands each connection to hyper-util's
 //! HTTP/1.1 + HTTP/2 server. On shutdown it stops accepting and lets every connection finish the
 //! reviews in flight before closing.
@@ -23,6 +23,8 @@ use tokio::{net::TcpListener, task::JoinSet};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::{self, Readiness};
+
 use super::{
     Error,
     review::{Answer, Reviewer},
@@ -35,12 +37,14 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// After a failed `accept` (e.g. out of file descriptors) wait a little instead of spinning.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
 
-/// The webhook's routes: `POST /mutate`. Bodies above `max_body_bytes` get HTTP 413.
-pub fn router(reviewer: Reviewer, max_body_bytes: usize) -> Router {
+/// The webhook's routes: `POST /mutate`, and `GET /readyz` (the process's readiness, so that the
+/// kubelet's HTTPS probe checks this TLS server too). Bodies above `max_body_bytes` get HTTP 413.
+pub fn router(reviewer: Reviewer, max_body_bytes: usize, readiness: Readiness) -> Router {
     Router::new()
         .route("/mutate", post(mutate))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(Arc::new(reviewer))
+        .merge(admin::readiness_router(readiness))
 }
 
 async fn mutate(State(reviewer): State<Arc<Reviewer>>, body: Bytes) -> Response {

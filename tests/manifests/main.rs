@@ -301,11 +301,13 @@ fn deployment_is_highly_available_and_locked_down() {
     assert_eq!(container_port(container, "grpc"), 6000);
     assert_eq!(container_port(container, "webhook"), 8443);
     assert_eq!(container_port(container, "admin"), 8080);
-    // Liveness over the scaler's gRPC health service, readiness over every component's /readyz.
+    // Liveness over the scaler's gRPC health service, readiness over every component's /readyz
+    // served on the webhook's HTTPS port.
     assert_eq!(container["livenessProbe"]["grpc"]["port"], 6000);
     let readiness = &container["readinessProbe"]["httpGet"];
     assert_eq!(readiness["path"], "/readyz");
-    assert_eq!(readiness["port"], "admin");
+    assert_eq!(readiness["port"], "webhook");
+    assert_eq!(readiness["scheme"], "HTTPS");
     assert!(container["startupProbe"].is_object());
 
     // nightshift's own exclusion list matches the webhook configuration's.

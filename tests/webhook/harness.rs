@@ -28,6 +28,8 @@ pub struct Server {
     pub metrics: Metrics,
     pub shutdown: CancellationToken,
     task: Option<JoinHandle<Result<(), Error>>>,
+    /// The readiness condition the server's `GET /readyz` waits for (not ready at start).
+    pub ready: nightshift::admin::ReadyHandle,
     _dir: tempfile::TempDir,
 }
 
@@ -78,7 +80,9 @@ impl Server {
             cluster,
             metrics: metrics.clone(),
         };
-        let router = server::router(reviewer, MAX_BODY);
+        let readiness = nightshift::admin::Readiness::default();
+        let ready = readiness.register("test caches synced");
+        let router = server::router(reviewer, MAX_BODY, readiness);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -104,6 +108,7 @@ impl Server {
             metrics,
             shutdown,
             task: Some(task),
+            ready,
             _dir: dir,
         }
     }

@@ -370,3 +370,21 @@ fn certs_generate_prints_the_ca_bundle_and_keeps_the_ca() {
         assert_eq!(mode & 0o077, 0, "private key readable by owner only");
     }
 }
+
+#[tokio::test]
+async fn readiness_is_served_over_tls_and_follows_the_caches() {
+    let server = Server::start(research_cluster()).await;
+    let url = format!("https://127.0.0.1:{}/readyz", server.addr.port());
+    let resp = server.client.get(&url).send().await.expect("request sent");
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        resp.text()
+            .await
+            .expect("body")
+            .contains("test caches synced")
+    );
+
+    server.ready.set(true);
+    let resp = server.client.get(&url).send().await.expect("request sent");
+    assert_eq!(resp.status(), StatusCode::OK);
+}
