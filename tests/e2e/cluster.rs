@@ -337,6 +337,12 @@ impl Cluster {
         Ok(child.wait_with_output()?)
     }
 
+    /// Directory of the component logs (kept when a scenario failed): processes that
+    /// scenarios start log there too.
+    pub fn log_dir(&self) -> &Path {
+        &self.env.log_dir
+    }
+
     /// Records that a scenario failed: logs are kept on drop.
     pub fn mark_failed(&self) {
         self.env.failed.store(true, Ordering::SeqCst);
