@@ -255,6 +255,33 @@ impl Nightshift {
     }
 }
 
+/// Opens a new TLS connection to the webhook, verified against `ca.crt` in `certs` for the name
+/// `localhost` (as the API server verifies it against `caBundle`), and tells whether the leaf
+/// certificate it served is the one now in `tls.crt`.
+pub async fn serves_current_certificate(webhook: SocketAddr, certs: &Path) -> Result<bool> {
+    use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+    let ca = CertificateDer::from_pem_file(certs.join("ca.crt"))?;
+    let current = CertificateDer::from_pem_file(certs.join("tls.crt"))?;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca)?;
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(webhook).await?;
+    let tls = connector
+        .connect(ServerName::try_from("localhost")?, tcp)
+        .await
+        .context("TLS handshake with the webhook")?;
+    let served = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .context("the webhook served no certificate")?;
+    Ok(served.as_ref() == current.as_ref())
+}
+
 /// HTTP client of nightshift's admin server.
 #[derive(Clone)]
 pub struct AdminApi {

@@ -18,7 +18,10 @@ use serde_json::json;
 use crate::admission::{
     assert_marked, assert_untouched, create_pod, deploy, research_pod, wait_webhook_active,
 };
-use crate::binary::{Nightshift, generate_certs, kubectl_ok};
+use crate::binary::{
+    ADMISSION_POLICY, Nightshift, WEBHOOK_CONFIG, generate_certs, kubectl_ok,
+    serves_current_certificate,
+};
 use crate::cluster::{Cluster, GPU_NODES, POOL_LABEL};
 use crate::wait::{self, Check};
 
@@ -91,6 +94,7 @@ async fn scenario(c: &Cluster) -> Result<()> {
     };
     let t = Instant::now();
     let admin = ns.admin_api();
+    let webhook = ns.webhook;
     for r in 0..ROTATIONS {
         let before_reloads = ns
             .metric("nightshift_webhook_certificate_reloads_total")
@@ -104,17 +108,24 @@ async fn scenario(c: &Cluster) -> Result<()> {
                 let running = ns.check_running();
                 let admin = admin.clone();
                 let pods = created.load(Ordering::SeqCst);
+                let certs = ws.certs();
                 async move {
                     running?;
                     let reloads = admin
                         .metric("nightshift_webhook_certificate_reloads_total")
                         .await?;
+                    // A fresh handshake gets the new certificate, valid for the same caBundle.
+                    let current = serves_current_certificate(webhook, &certs).await?;
                     Ok(
-                        if reloads > before_reloads && pods >= before_pods + PODS_PER_ROTATION {
+                        if reloads > before_reloads
+                            && current
+                            && pods >= before_pods + PODS_PER_ROTATION
+                        {
                             Check::Done(())
                         } else {
                             Check::Pending(format!(
-                                "{reloads} reloads (was {before_reloads}), {pods} pods (was {before_pods})"
+                                "{reloads} reloads (was {before_reloads}), new certificate served: \
+                                 {current}, {pods} pods (was {before_pods})"
                             ))
                         },
                     )
@@ -255,6 +266,53 @@ async fn scenario(c: &Cluster) -> Result<()> {
         ready_in.as_secs_f64(),
         admitting_in.as_secs_f64(),
         marks_in.as_secs_f64()
+    );
+
+    // 4. The webhook configuration deleted (by mistake, or an uninstall in the wrong order):
+    // the ValidatingAdmissionPolicy alone still keeps unmarked research pods out.
+    kubectl_ok(
+        c,
+        &["delete", "mutatingwebhookconfiguration", WEBHOOK_CONFIG],
+        None,
+    )?;
+    let probe: Pod = serde_json::from_value(research_pod("unmarked", &[]))?;
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let t = Instant::now();
+    let denial = wait::until(
+        "the admission policy to reject an unmarked research pod",
+        STEP,
+        || async {
+            Ok(match pods.create(&dry, &probe).await {
+                Err(kube::Error::Api(s)) if s.message.contains(ADMISSION_POLICY) => {
+                    Check::Done(s.message)
+                }
+                Err(e) => Check::Pending(e.to_string()),
+                Ok(p) => Check::Pending(format!(
+                    "admitted with class {:?}",
+                    p.spec.and_then(|s| s.priority_class_name)
+                )),
+            })
+        },
+    )
+    .await?;
+    ensure!(
+        denial.contains("must run with priorityClassName nightshift-research"),
+        "the policy's message does not say what is wrong: {denial}"
+    );
+    ensure!(
+        pods.create(&PostParams::default(), &probe).await.is_err()
+            && pods.get_opt("unmarked").await?.is_none(),
+        "an unmarked research pod was stored without the webhook"
+    );
+    let plain = create_pod(&client, PLAIN_NS, research_pod("plain-no-webhook", &[])).await?;
+    assert_untouched(&plain)?;
+    eprintln!(
+        "failure: webhook configuration deleted: the admission policy rejects unmarked research \
+         pods ({:.2} s after the deletion): {denial}",
+        t.elapsed().as_secs_f64()
     );
     ns.check_running()
 }
