@@ -38,10 +38,7 @@ const CRD_DIR_ENV: &str = "NIGHTSHIFT_E2E_CRD_DIR";
 pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
     let c = &*cluster;
     let result = scenario(c).await;
-    let mut cleanup = Ok(());
-    for ns in [RESEARCH_NS, PLAIN_NS] {
-        cleanup = cleanup.and(c.delete_namespace(ns).await);
-    }
+    let cleanup = binary::delete_namespaces_now(c, &[RESEARCH_NS, PLAIN_NS]).await;
     result.and(cleanup)
 }
 
@@ -599,9 +596,8 @@ async fn dry_run_manifests(c: &Cluster, ws: &Workspace) -> Result<()> {
             "a ScaledObject with an unknown field was not rejected: {stderr}"
         ));
     }
-    for n in &created {
-        c.delete_namespace(n).await?;
-    }
+    let created: Vec<&str> = created.iter().map(String::as_str).collect();
+    binary::delete_namespaces_now(c, &created).await?;
     if !failures.is_empty() {
         bail!(
             "server-side dry-run rejected rendered manifests:\n{}",

@@ -19,7 +19,7 @@ use crate::admission::{
     assert_marked, assert_untouched, create_pod, deploy, research_pod, wait_webhook_active,
 };
 use crate::binary::{
-    ADMISSION_POLICY, Nightshift, WEBHOOK_CONFIG, generate_certs, kubectl_ok,
+    self, ADMISSION_POLICY, Nightshift, WEBHOOK_CONFIG, generate_certs, kubectl_ok,
     serves_current_certificate,
 };
 use crate::cluster::{Cluster, GPU_NODES, POOL_LABEL};
@@ -39,10 +39,7 @@ const STEP: Duration = Duration::from_secs(60);
 pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
     let c = &*cluster;
     let result = scenario(c).await;
-    let mut cleanup = Ok(());
-    for ns in [RESEARCH_NS, PLAIN_NS] {
-        cleanup = cleanup.and(c.delete_namespace(ns).await);
-    }
+    let cleanup = binary::delete_namespaces_now(c, &[RESEARCH_NS, PLAIN_NS]).await;
     result.and(cleanup)
 }
 

@@ -17,7 +17,9 @@ use nightshift::scaler::service::proto::{
 use serde_json::json;
 
 use crate::admission::{assert_marked, create_pod, research_pod, wait_webhook_active};
-use crate::binary::{NAMESPACE, Nightshift, Registration, Workspace, kubectl_ok, token_kubeconfig};
+use crate::binary::{
+    self, NAMESPACE, Nightshift, Registration, Workspace, kubectl_ok, token_kubeconfig,
+};
 use crate::cluster::{Cluster, GPU_NODES, POOL_LABEL};
 use crate::wait::{self, Check};
 
@@ -35,7 +37,7 @@ const PLACEHOLDER_PORT: u16 = 9;
 pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
     let c = &*cluster;
     let result = scenario(c).await;
-    result.and(c.delete_namespace(NS).await)
+    result.and(binary::delete_namespace_now(c, NS).await)
 }
 
 async fn scenario(c: &Cluster) -> Result<()> {
