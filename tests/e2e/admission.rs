@@ -73,6 +73,35 @@ async fn scenario(c: &Cluster) -> Result<()> {
     .await?;
     assert_marked(&pod, true).context("a pod cannot opt out in a research namespace")?;
 
+    // The user's own placement is kept: the pool requirement is ANDed into each of their
+    // (ORed) node selector terms, their tolerations stay and the pool's is appended.
+    let mut placed = research_pod("own-placement", &[]);
+    placed["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]},
+            {"matchExpressions": [{"key": "type", "operator": "In", "values": ["kwok"]}]},
+        ],
+    }}});
+    placed["spec"]["tolerations"] = json!([{"key": "example.com/dedicated", "operator": "Exists"}]);
+    let pod = create_pod(&client, RESEARCH_NS, placed).await?;
+    assert_marked(&pod, true).context("research pod with its own affinity and tolerations")?;
+    let spec = serde_json::to_value(pod.spec.as_ref())?;
+    let terms = &spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    ensure!(
+        terms.as_array().map_or(0, Vec::len) == 2
+            && terms[0]["matchExpressions"][0]["key"] == "kubernetes.io/os"
+            && terms[1]["matchExpressions"][0]["key"] == "type",
+        "the user's node selector terms were not kept: {terms}"
+    );
+    ensure!(
+        spec["tolerations"]
+            .as_array()
+            .is_some_and(|ts| ts.iter().any(|t| t["key"] == "example.com/dedicated")),
+        "the user's toleration was dropped: {}",
+        spec["tolerations"]
+    );
+
     // A research pod asking for inference priority is overridden, with a warning to the user.
     let mut high = research_pod("asks-high", &[]);
     high["spec"]["priorityClassName"] = json!(objects::INFERENCE_CLASS);
