@@ -249,6 +249,21 @@ impl Nightshift {
         tail(self.proc.log_path(), lines)
     }
 
+    /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) the process: a hung webhook that accepts
+    /// connections and never answers.
+    pub fn freeze(&mut self, frozen: bool) -> Result<()> {
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        let status = std::process::Command::new("kill")
+            .arg(signal)
+            .arg(self.proc.id().to_string())
+            .status()
+            .context("running kill")?;
+        if !status.success() {
+            bail!("kill {signal} {} failed: {status}", self.proc.id());
+        }
+        Ok(())
+    }
+
     /// Kills the process (SIGKILL: no draining, as when a node dies) and waits for it.
     pub fn kill(&mut self) {
         self.proc.kill();

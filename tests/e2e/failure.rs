@@ -146,10 +146,39 @@ async fn scenario(c: &Cluster) -> Result<()> {
         t.elapsed().as_secs_f64()
     );
 
-    // 2. nightshift killed: research pods are rejected, everything else is created.
+    // 2. nightshift hung (SIGSTOP: connections are accepted, nothing answers): research pods
+    // are rejected once the webhook's timeoutSeconds (5 s) pass, other pods are not delayed.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), RESEARCH_NS);
+    ns.freeze(true)?;
+    let t = Instant::now();
+    let hung: Pod = serde_json::from_value(research_pod("while-hung", &[]))?;
+    let hung_result = pods.create(&PostParams::default(), &hung).await;
+    let hung_in = t.elapsed();
+    let t_plain = Instant::now();
+    let plain = create_pod(&client, PLAIN_NS, research_pod("plain-while-hung", &[])).await;
+    let plain_in = t_plain.elapsed();
+    ns.freeze(false)?;
+    let hung_err = match hung_result {
+        Ok(_) => anyhow::bail!("a research pod was admitted while the webhook hung"),
+        Err(kube::Error::Api(status)) => status.message,
+        Err(e) => e.to_string(),
+    };
+    ensure!(
+        hung_err.contains("failed calling webhook") && hung_in < Duration::from_secs(10),
+        "a hung webhook must fail the research pod within its 5 s timeout; after {hung_in:?}: {hung_err}"
+    );
+    assert_untouched(&plain?).context("ordinary pod while the webhook hung")?;
+    eprintln!(
+        "failure: webhook hung: research pod rejected after {:.2} s ({hung_err}); ordinary pod \
+         created in {:.0} ms",
+        hung_in.as_secs_f64(),
+        plain_in.as_secs_f64() * 1000.0
+    );
+    wait_webhook_active(c, RESEARCH_NS).await?;
+
+    // 3. nightshift killed: research pods are rejected, everything else is created.
     let port = ns.webhook.port();
     ns.kill();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), RESEARCH_NS);
     let t = Instant::now();
     let refused: Pod = serde_json::from_value(research_pod("while-down", &[]))?;
     let err = match pods.create(&PostParams::default(), &refused).await {
@@ -204,7 +233,7 @@ async fn scenario(c: &Cluster) -> Result<()> {
         None,
     )?;
 
-    // 3. Restart on the same port (the registered URL): everything recovers.
+    // 4. Restart on the same port (the registered URL): everything recovers.
     let t = Instant::now();
     let mut ns = Nightshift::start(
         c,
@@ -265,7 +294,7 @@ async fn scenario(c: &Cluster) -> Result<()> {
         marks_in.as_secs_f64()
     );
 
-    // 4. The webhook configuration deleted (by mistake, or an uninstall in the wrong order):
+    // 5. The webhook configuration deleted (by mistake, or an uninstall in the wrong order):
     // the ValidatingAdmissionPolicy alone still keeps unmarked research pods out.
     kubectl_ok(
         c,
