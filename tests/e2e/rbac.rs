@@ -121,12 +121,11 @@ async fn scenario(c: &Cluster) -> Result<()> {
     let t = Instant::now();
     let mut ns = Nightshift::start(c, "nightshift-rbac", &kubeconfig, &ws.certs(), 0).await?;
     ws.apply_local_overlay(c, ns.webhook.port())?;
-    let ready = ns.wait_ready().await?;
+    ns.wait_ready().await?;
     eprintln!(
         "rbac: nightshift as {sa} ready (all caches synced) {:.2} s after start",
         t.elapsed().as_secs_f64()
     );
-    let _ = ready;
 
     // Pool controller: takes the Lease (create, then get/update) and writes the spare marks.
     let nodes: Api<Node> = Api::all(c.client.clone());
