@@ -309,6 +309,22 @@ async fn scenario(cluster: &Cluster, dir: &Path) -> Result<()> {
         .iter()
         .filter(|p| p.action.as_deref() == Some("scale"))
         .count();
+    // As KEDA: the metric spec was read once (nightshift's one metric, target 100), and every
+    // answered poll read an activity, true under load (activationThreshold 0).
+    let specs = driver.events("spec")?;
+    ensure!(
+        specs.len() == 1
+            && specs[0]["metric"] == "vllm-demand"
+            && specs[0]["target"].as_f64() == Some(100.0),
+        "expected one GetMetricSpec answer (vllm-demand, target 100): {specs:?}"
+    );
+    ensure!(
+        polls
+            .iter()
+            .filter(|p| p.ok())
+            .all(|p| p.active == Some(true) && p.value.is_some_and(|v| v > 0.0)),
+        "an answered poll without activity or value: {polls:?}"
+    );
     ensure!(
         polls.iter().all(|p| p
             .desired
@@ -508,7 +524,11 @@ impl Scaler {
             "nightshift-scaler",
             Path::new(env!("CARGO_BIN_EXE_nightshift")),
             &args,
-            &[("NIGHTSHIFT_LOG", "info".to_string())],
+            // Plain text logs without colour codes: they end up in a file.
+            &[
+                ("NIGHTSHIFT_LOG", "info".to_string()),
+                ("NO_COLOR", "1".to_string()),
+            ],
             dir,
         )?;
         Ok(Self {
@@ -544,6 +564,8 @@ impl Scaler {
 /// One polling round of the driver, as it logged it.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
 struct Poll {
+    value: Option<f64>,
+    active: Option<bool>,
     desired: Option<i32>,
     action: Option<String>,
     rpc: Option<String>,
@@ -611,12 +633,20 @@ impl Driver {
 
     /// Every poll logged so far, in order.
     fn polls(&self) -> Result<Vec<Poll>> {
+        Ok(self
+            .events("poll")?
+            .into_iter()
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect())
+    }
+
+    /// Every logged line of the given `event` kind (`spec`, `poll`, `stop`), in order.
+    fn events(&self, kind: &str) -> Result<Vec<Value>> {
         let text = std::fs::read_to_string(&self.log)?;
         Ok(text
             .lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| v["event"] == "poll")
-            .filter_map(|v| serde_json::from_value(v).ok())
+            .filter(|v| v["event"] == kind)
             .collect())
     }
 
