@@ -305,10 +305,17 @@ async fn scenario(cluster: &Cluster, dir: &Path) -> Result<()> {
         .filter_map(|p| p.duration_ms)
         .collect();
     durations.sort_by(f64::total_cmp);
-    let scales = polls
+    // Exactly two writes over the whole run, up then down: nothing moved during the outage.
+    let writes: Vec<Option<i32>> = polls
         .iter()
         .filter(|p| p.action.as_deref() == Some("scale"))
-        .count();
+        .map(|p| p.desired)
+        .collect();
+    ensure!(
+        writes == [Some(HIGH_REPLICAS), Some(LOW_REPLICAS)],
+        "expected the scale writes {HIGH_REPLICAS} then {LOW_REPLICAS}, got {writes:?}"
+    );
+    let scales = writes.len();
     // As KEDA: the metric spec was read once (nightshift's one metric, target 100), and every
     // answered poll read an activity, true under load (activationThreshold 0).
     let specs = driver.events("spec")?;
