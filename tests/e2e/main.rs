@@ -13,6 +13,7 @@
 
 mod cluster;
 mod harvest;
+mod keda;
 mod objects;
 mod process;
 mod wait;
@@ -32,10 +33,16 @@ const SCENARIO_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Every scenario, in the order they run.
 fn scenarios() -> Vec<(&'static str, Scenario)> {
-    vec![(
-        "harvest_research_pods_are_preempted_for_inference_and_return",
-        |c| Box::pin(harvest::run(c)),
-    )]
+    vec![
+        (
+            "harvest_research_pods_are_preempted_for_inference_and_return",
+            |c| Box::pin(harvest::run(c)),
+        ),
+        (
+            "keda_scaler_drives_inference_replicas_and_research_yields_and_returns",
+            |c| Box::pin(keda::run(c)),
+        ),
+    ]
 }
 
 fn main() -> ExitCode {
