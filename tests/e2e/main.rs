@@ -16,6 +16,7 @@ mod binary;
 mod cluster;
 mod failure;
 mod harvest;
+mod keda;
 mod objects;
 mod process;
 mod rbac;
@@ -40,6 +41,10 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         (
             "harvest_research_pods_are_preempted_for_inference_and_return",
             |c| Box::pin(harvest::run(c)),
+        ),
+        (
+            "keda_scaler_drives_inference_replicas_and_research_yields_and_returns",
+            |c| Box::pin(keda::run(c)),
         ),
         (
             "admission_research_pods_are_stored_marked_through_the_real_chain",
