@@ -190,6 +190,9 @@ pub struct Replica {
     pub generated_total: f64,
     /// Since the batch last changed (none: it just did).
     segment: Option<Segment>,
+    /// Its next own event and [`Replica::open_at`] as last computed; both hold until the batch
+    /// changes.
+    watched: Option<(f64, f64)>,
 }
 
 impl Replica {
@@ -251,7 +254,7 @@ impl Replica {
             self.prefill_remaining += context;
             self.kv_context += context;
             self.reserved += q.footprint();
-            self.segment = None;
+            self.batch_changed();
         }
     }
 
@@ -264,6 +267,34 @@ impl Replica {
             growth: perf.kv_read_s_per_token * n,
             compute: (n + prefill) * perf.compute_s_per_token,
             prefill,
+        }
+    }
+
+    /// Requests started or finished: the pace and the next events must be computed anew.
+    fn batch_changed(&mut self) {
+        self.segment = None;
+        self.watched = None;
+    }
+
+    /// What the dispatcher needs to know of this replica.
+    fn watch(&mut self, perf: &Perf) -> Watch {
+        let (own, open) = match self.watched {
+            Some(w) => w,
+            None => {
+                let w = (self.next_internal(perf), self.open_at(perf));
+                self.watched = Some(w);
+                w
+            }
+        };
+        Watch {
+            own: own.max(self.now),
+            // A replica stops accepting when it starts draining, never the other way round.
+            open: if self.accepting {
+                open.max(self.now)
+            } else {
+                f64::INFINITY
+            },
+            reserved: self.reserved,
         }
     }
 
@@ -296,14 +327,12 @@ impl Replica {
         (seg.start + seg.pace.time_for(seg.done + steps)).max(self.now)
     }
 
-    /// The earliest time, from now and until this replica's next own event, at which it has room
-    /// for `q`; infinite if it has none before that event. Slots and KV free up only at events;
-    /// the token budget frees up continuously as the running prefills progress.
-    fn room_at(&self, q: &Queued, perf: &Perf) -> f64 {
-        if !self.accepting
-            || self.running() >= perf.max_num_seqs
-            || self.reserved + q.footprint() > perf.kv_capacity
-        {
+    /// The earliest time, from now and until this replica's next own event, at which it has a
+    /// free slot and room in the token budget; infinite if not before that event. Slots free up
+    /// only at events; the budget frees up continuously as the running prefills progress.
+    /// (KV room, which depends on the request, is checked apart.)
+    fn open_at(&self, perf: &Perf) -> f64 {
+        if !self.accepting || self.running() >= perf.max_num_seqs {
             return f64::INFINITY;
         }
         let over_budget = self.prefill_remaining + self.decoding.len() as f64 - perf.token_budget;
@@ -342,7 +371,7 @@ impl Replica {
                 tokens -= p.remaining;
                 let p = *p;
                 self.prefilling.pop_front();
-                self.segment = None;
+                self.batch_changed();
                 // The prefill step emits the first token.
                 self.generated_total += 1.0;
                 obs.first_token(until, until - p.arrival);
@@ -368,7 +397,7 @@ impl Replica {
                 }
                 let d = *d;
                 self.decoding.pop();
-                self.segment = None;
+                self.batch_changed();
                 self.kv_context -= d.context;
                 self.sum_v0 -= d.v0;
                 self.reserved -= d.footprint;
@@ -387,6 +416,17 @@ impl Replica {
     }
 }
 
+/// What the dispatcher keeps of a replica between its moves.
+#[derive(Clone, Copy, Debug)]
+struct Watch {
+    /// Its next own event.
+    own: f64,
+    /// From when it has a slot and budget room ([`Replica::open_at`]).
+    open: f64,
+    /// KV tokens it has reserved.
+    reserved: f64,
+}
+
 /// Advances every serving replica to `end`, event by event in time order: the next replica's
 /// own event (a prefill or decode finishing) or the queue's head starting on the replica that has
 /// room for it first (the lowest-numbered one on a tie). Only the replica an event concerns
@@ -398,16 +438,16 @@ pub fn run_until(
     perf: &Perf,
     obs: &mut impl Observer,
 ) {
-    // Each replica's next own event; it changes only when that replica moves or admits.
-    let mut own: Vec<f64> = replicas.iter().map(|r| r.next_internal(perf)).collect();
+    // What decides the next event, per replica; it changes only when that replica moves.
+    let mut watches: Vec<Watch> = replicas.iter_mut().map(|r| r.watch(perf)).collect();
     // Time of the latest event: a request becomes the head no earlier (strict FIFO).
     let mut clock = f64::NEG_INFINITY;
     loop {
         let mut own_at = end;
         let mut own_pick = None;
-        for (i, t) in own.iter().enumerate() {
-            if *t < own_at {
-                own_at = *t;
+        for (i, w) in watches.iter().enumerate() {
+            if w.own < own_at {
+                own_at = w.own;
                 own_pick = Some(i);
             }
         }
@@ -416,8 +456,13 @@ pub fn run_until(
         let mut head_pick = None;
         if let Some(h) = queue.front().filter(|h| h.arrival < own_at) {
             let earliest = h.arrival.max(clock);
-            for (i, r) in replicas.iter().enumerate() {
-                let at = r.room_at(h, perf).max(earliest);
+            let footprint = h.footprint();
+            for (i, w) in watches.iter().enumerate() {
+                // The same test as admission's, so that a pick always admits.
+                if w.reserved + footprint > perf.kv_capacity {
+                    continue;
+                }
+                let at = w.open.max(earliest);
                 if at < head_at {
                     head_at = at;
                     head_pick = Some(i);
@@ -440,7 +485,9 @@ pub fn run_until(
         }
         r.advance(at, perf, obs);
         r.admit(queue, perf, obs);
-        own[i] = r.next_internal(perf);
+        // Even when nothing started or finished (float noise), it has moved: look again.
+        r.watched = None;
+        watches[i] = r.watch(perf);
         clock = clock.max(at);
     }
     for r in replicas.iter_mut() {
