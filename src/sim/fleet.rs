@@ -1,9 +1,9 @@
 //! The vLLM replica model: continuous batching with a chunked-prefill token budget, a shared FIFO
 //! of waiting requests, queue wait and time to first token per request.
 //!
-//! Between events the rates are constant (fluid within a step, exact event times): a replica
+//! Between events the batch is fixed (fluid within a step, exact event times): a replica
 //! prefills its started prompts first-come first-served while every running sequence advances
-//! one token per engine step. All running sequences of a replica advance at the same rate, so
+//! one token per engine step, each step taking a little longer as the KV cache grows. All running sequences of a replica advance at the same rate, so
 //! one "virtual decode clock" per replica plus a min-heap of finish positions replaces
 //! per-sequence bookkeeping: the cost is O(log n) per request, not per token.
 
@@ -104,6 +104,71 @@ struct Prefilling {
 /// producing zero-length segments.
 const EPS: f64 = 1e-9;
 
+/// How fast a replica's engine goes while its batch stays as it is. Every engine step takes
+/// the longer of reading the weights and the KV cache (`memory`, growing by `growth` per step as
+/// each decoding sequence adds a token of KV) and the batch's arithmetic (`compute`), and
+/// prefills `prefill` prompt tokens. The step time is integrated exactly over the KV growth, so
+/// where a replica happens to be observed does not change its course.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Pace {
+    memory: f64,
+    growth: f64,
+    compute: f64,
+    prefill: f64,
+}
+
+impl Pace {
+    /// Steps after which reading memory becomes the longer part (0: it already is).
+    fn memory_bound_after(&self) -> f64 {
+        if self.memory >= self.compute {
+            0.0
+        } else if self.growth > 0.0 {
+            (self.compute - self.memory) / self.growth
+        } else {
+            f64::INFINITY
+        }
+    }
+
+    /// Seconds the next `steps` engine steps take.
+    fn time_for(&self, steps: f64) -> f64 {
+        let knee = self.memory_bound_after();
+        if steps <= knee {
+            return steps * self.compute;
+        }
+        // From the knee on, each step takes `start` plus what the KV added since.
+        let start = self.memory.max(self.compute);
+        let w = steps - knee;
+        knee * self.compute + w * start + 0.5 * self.growth * w * w
+    }
+
+    /// Engine steps done in `dt` seconds (the inverse of [`Pace::time_for`]).
+    fn steps_in(&self, dt: f64) -> f64 {
+        if dt <= 0.0 {
+            return 0.0;
+        }
+        let knee = self.memory_bound_after();
+        let knee_time = knee * self.compute;
+        if dt <= knee_time {
+            return dt / self.compute;
+        }
+        let rest = dt - knee_time;
+        let start = self.memory.max(self.compute);
+        // Root of start·w + growth·w²/2 = rest, in the form that stays exact as growth → 0.
+        let w = 2.0 * rest / (start + (start * start + 2.0 * self.growth * rest).sqrt());
+        knee + w
+    }
+}
+
+/// The batch's pace since it last changed and where that began. A replica's course between
+/// events is computed from this origin, so observing it in between changes nothing.
+#[derive(Clone, Copy, Debug)]
+struct Segment {
+    start: f64,
+    pace: Pace,
+    /// Engine steps done since `start`.
+    done: f64,
+}
+
 /// The serving state of one vLLM replica.
 #[derive(Clone, Debug, Default)]
 pub struct Replica {
@@ -123,6 +188,11 @@ pub struct Replica {
     reserved: f64,
     /// Output tokens produced so far (vLLM's `generation_tokens_total`).
     pub generated_total: f64,
+    /// Since the batch last changed (none: it just did).
+    segment: Option<Segment>,
+    /// Its next own event and [`Replica::open_at`] as last computed; both hold until the batch
+    /// changes.
+    watched: Option<(f64, f64)>,
 }
 
 impl Replica {
@@ -184,62 +254,114 @@ impl Replica {
             self.prefill_remaining += context;
             self.kv_context += context;
             self.reserved += q.footprint();
+            self.batch_changed();
         }
     }
 
-    /// The engine step now: its duration and the prompt tokens it prefills.
-    fn engine_step(&self, perf: &Perf) -> (f64, f64) {
+    /// The engine's pace while the batch stays as it is.
+    fn pace(&self, perf: &Perf) -> Pace {
         let n = self.decoding.len() as f64;
-        let memory = perf.decode_step_s + perf.kv_read_s_per_token * self.kv_tokens();
         let prefill = self.prefill_remaining.min(perf.token_budget - n).max(0.0);
-        let step = memory.max((n + prefill) * perf.compute_s_per_token);
-        (step, prefill)
+        Pace {
+            memory: perf.decode_step_s + perf.kv_read_s_per_token * self.kv_tokens(),
+            growth: perf.kv_read_s_per_token * n,
+            compute: (n + prefill) * perf.compute_s_per_token,
+            prefill,
+        }
     }
 
-    /// The next time something changes for this replica, at most `end`.
-    fn next_event(&self, head: Option<&Queued>, end: f64, perf: &Perf) -> f64 {
-        let mut next = end;
-        let (step, prefill) = self.engine_step(perf);
-        let prefill_rate = prefill / step;
-        if let Some(p) = self.prefilling.front() {
-            next = next.min(self.now + p.remaining / prefill_rate);
+    /// Requests started or finished: the pace and the next events must be computed anew.
+    fn batch_changed(&mut self) {
+        self.segment = None;
+        self.watched = None;
+    }
+
+    /// What the dispatcher needs to know of this replica.
+    fn watch(&mut self, perf: &Perf) -> Watch {
+        let (own, open) = match self.watched {
+            Some(w) => w,
+            None => {
+                let w = (self.next_internal(perf), self.open_at(perf));
+                self.watched = Some(w);
+                w
+            }
+        };
+        Watch {
+            own: own.max(self.now),
+            // A replica stops accepting when it starts draining, never the other way round.
+            open: if self.accepting {
+                open.max(self.now)
+            } else {
+                f64::INFINITY
+            },
+            reserved: self.reserved,
+        }
+    }
+
+    /// The current segment (a new one from now if the batch just changed).
+    fn segment(&self, perf: &Perf) -> Segment {
+        self.segment.unwrap_or_else(|| Segment {
+            start: self.now,
+            pace: self.pace(perf),
+            done: 0.0,
+        })
+    }
+
+    /// When this replica's own next event happens (a prefill or a decode finishing), as long as
+    /// it admits nothing before; infinite when nothing is in flight.
+    fn next_internal(&self, perf: &Perf) -> f64 {
+        if self.is_idle() {
+            return f64::INFINITY;
+        }
+        let seg = self.segment(perf);
+        let mut steps = f64::INFINITY;
+        if let Some(p) = self.prefilling.front()
+            && seg.pace.prefill > 0.0
+        {
+            steps = steps.min(p.remaining / seg.pace.prefill);
         }
         if let Some(d) = self.decoding.peek() {
             // A finishing sequence frees a slot and its KV, and stops generating.
-            next = next.min(self.now + (d.finish_v - self.v) * step);
+            steps = steps.min((d.finish_v - self.v).max(0.0));
         }
-        if let Some(h) = head.filter(|_| self.accepting) {
-            let room_at = if self.has_room_for(h, perf) {
-                self.now
-            } else {
-                // Decode completions are events already (above); the budget frees up
-                // continuously as the running prefills progress.
-                let mut t = f64::INFINITY;
-                let over_budget =
-                    self.prefill_remaining + self.decoding.len() as f64 - perf.token_budget;
-                if over_budget >= 0.0 && prefill_rate > 0.0 {
-                    t = self.now + over_budget / prefill_rate + 1e-7;
-                }
-                t
-            };
-            let at = room_at.max(h.arrival);
-            if at > self.now + EPS {
-                next = next.min(at);
-            }
-        }
-        next.max(self.now)
+        (seg.start + seg.pace.time_for(seg.done + steps)).max(self.now)
     }
 
-    /// Advances to `until` with the rates of the current batch.
+    /// The earliest time, from now and until this replica's next own event, at which it has a
+    /// free slot and room in the token budget; infinite if not before that event. Slots free up
+    /// only at events; the budget frees up continuously as the running prefills progress.
+    /// (KV room, which depends on the request, is checked apart.)
+    fn open_at(&self, perf: &Perf) -> f64 {
+        if !self.accepting || self.running() >= perf.max_num_seqs {
+            return f64::INFINITY;
+        }
+        let over_budget = self.prefill_remaining + self.decoding.len() as f64 - perf.token_budget;
+        if over_budget < 0.0 {
+            return self.now;
+        }
+        let seg = self.segment(perf);
+        if seg.pace.prefill > 0.0 {
+            // Just past the moment the budget has room (a strict inequality).
+            let steps = seg.done + over_budget / seg.pace.prefill;
+            (seg.start + seg.pace.time_for(steps)).max(self.now) + 1e-7
+        } else {
+            f64::INFINITY
+        }
+    }
+
+    /// Advances to `until`, which must not be past the next event, at the current batch's pace.
     fn advance(&mut self, until: f64, perf: &Perf, obs: &mut impl Observer) {
         let dt = until - self.now;
         if dt > 0.0 && !self.is_idle() {
-            let (step, prefill) = self.engine_step(perf);
-            let steps = dt / step;
+            let mut seg = self.segment(perf);
+            let total = seg.pace.steps_in(until - seg.start).max(seg.done);
+            let steps = total - seg.done;
+            seg.done = total;
+            self.segment = Some(seg);
             let n = self.decoding.len() as f64;
             self.v += steps;
             self.generated_total += n * steps;
-            let mut tokens = prefill * steps;
+            let mut tokens = seg.pace.prefill * steps;
             self.prefill_remaining = (self.prefill_remaining - tokens).max(0.0);
             while let Some(p) = self.prefilling.front_mut() {
                 if p.remaining > tokens + EPS {
@@ -249,6 +371,7 @@ impl Replica {
                 tokens -= p.remaining;
                 let p = *p;
                 self.prefilling.pop_front();
+                self.batch_changed();
                 // The prefill step emits the first token.
                 self.generated_total += 1.0;
                 obs.first_token(until, until - p.arrival);
@@ -274,6 +397,7 @@ impl Replica {
                 }
                 let d = *d;
                 self.decoding.pop();
+                self.batch_changed();
                 self.kv_context -= d.context;
                 self.sum_v0 -= d.v0;
                 self.reserved -= d.footprint;
@@ -292,8 +416,21 @@ impl Replica {
     }
 }
 
-/// Advances every serving replica to `end`, always moving the one furthest behind so that the
-/// shared queue is served in time order.
+/// What the dispatcher keeps of a replica between its moves.
+#[derive(Clone, Copy, Debug)]
+struct Watch {
+    /// Its next own event.
+    own: f64,
+    /// From when it has a slot and budget room ([`Replica::open_at`]).
+    open: f64,
+    /// KV tokens it has reserved.
+    reserved: f64,
+}
+
+/// Advances every serving replica to `end`, event by event in time order: the next replica's
+/// own event (a prefill or decode finishing) or the queue's head starting on the replica that has
+/// room for it first (the lowest-numbered one on a tie). Only the replica an event concerns
+/// moves, so the cost is per request, not per request and replica.
 pub fn run_until(
     replicas: &mut [&mut Replica],
     queue: &mut VecDeque<Queued>,
@@ -301,24 +438,60 @@ pub fn run_until(
     perf: &Perf,
     obs: &mut impl Observer,
 ) {
+    // What decides the next event, per replica; it changes only when that replica moves.
+    let mut watches: Vec<Watch> = replicas.iter_mut().map(|r| r.watch(perf)).collect();
+    // Time of the latest event: a request becomes the head no earlier (strict FIFO).
+    let mut clock = f64::NEG_INFINITY;
     loop {
-        let mut pick: Option<usize> = None;
-        let mut earliest = end;
-        for (i, r) in replicas.iter().enumerate() {
-            if r.now < earliest {
-                earliest = r.now;
-                pick = Some(i);
+        let mut own_at = end;
+        let mut own_pick = None;
+        for (i, w) in watches.iter().enumerate() {
+            if w.own < own_at {
+                own_at = w.own;
+                own_pick = Some(i);
             }
         }
-        let Some(i) = pick else { break };
-        let r = &mut *replicas[i];
-        r.admit(queue, perf, obs);
-        let mut next = r.next_event(queue.front(), end, perf);
-        if next <= r.now + EPS {
-            // A zero-length event (float noise): move on by a hair to guarantee progress.
-            next = (r.now + 1e-6).min(end);
+        // Own events at the same time go first: they may free what the head needs.
+        let mut head_at = own_at;
+        let mut head_pick = None;
+        if let Some(h) = queue.front().filter(|h| h.arrival < own_at) {
+            let earliest = h.arrival.max(clock);
+            let footprint = h.footprint();
+            for (i, w) in watches.iter().enumerate() {
+                // The same test as admission's, so that a pick always admits.
+                if w.reserved + footprint > perf.kv_capacity {
+                    continue;
+                }
+                let at = w.open.max(earliest);
+                if at < head_at {
+                    head_at = at;
+                    head_pick = Some(i);
+                    if at <= earliest {
+                        // Nobody can take it sooner; lower numbers win ties.
+                        break;
+                    }
+                }
+            }
         }
-        r.advance(next, perf, obs);
+        let (i, mut at) = match (head_pick, own_pick) {
+            (Some(i), _) => (i, head_at),
+            (None, Some(i)) => (i, own_at),
+            (None, None) => break,
+        };
+        let r = &mut *replicas[i];
+        if head_pick.is_none() && at <= r.now + EPS {
+            // A zero-length event (float noise): move on by a hair to guarantee progress.
+            at = (r.now + 1e-6).min(end);
+        }
+        r.advance(at, perf, obs);
+        r.admit(queue, perf, obs);
+        // Even when nothing started or finished (float noise), it has moved: look again.
+        r.watched = None;
+        watches[i] = r.watch(perf);
+        clock = clock.max(at);
+    }
+    for r in replicas.iter_mut() {
+        r.advance(end, perf, obs);
     }
 }
 
@@ -465,5 +638,111 @@ mod tests {
         let log = simulate(&p, constant_arrivals(0.0, 2, 100, 50), 1, 5.0);
         assert_eq!(log.waits[0].1, 0.0);
         assert!((log.waits[1].1 - 1.08).abs() < 1e-6, "{:?}", log.waits);
+    }
+
+    #[test]
+    fn pace_integrates_the_step_time_as_the_kv_cache_grows() {
+        // Memory-bound from the start: 30 ms per step plus 0.1 ms per step of KV growth.
+        let pace = Pace {
+            memory: 0.03,
+            growth: 1e-4,
+            compute: 0.001,
+            prefill: 0.0,
+        };
+        // 50 steps: 50 × 30 ms + 1e-4 × 50² / 2 = 1.625 s.
+        assert!((pace.time_for(50.0) - 1.625).abs() < 1e-12);
+        assert!((pace.steps_in(1.625) - 50.0).abs() < 1e-9);
+        // Compute-bound until the KV makes memory the longer part: 100 ms per step until
+        // 0.03 + 1e-4 u = 0.1, i.e. for 700 steps (70 s), then growing.
+        let pace = Pace {
+            memory: 0.03,
+            growth: 1e-4,
+            compute: 0.1,
+            prefill: 2000.0,
+        };
+        assert!((pace.time_for(10.0) - 1.0).abs() < 1e-12);
+        assert!((pace.time_for(710.0) - (70.0 + 10.0 * 0.1 + 0.5 * 1e-4 * 100.0)).abs() < 1e-9);
+        // Without growth it is the constant step of the old fluid model, both ways.
+        let flat = Pace {
+            memory: 0.02,
+            growth: 0.0,
+            compute: 0.05,
+            prefill: 100.0,
+        };
+        assert_eq!(flat.time_for(4.0), 0.2);
+        assert_eq!(flat.steps_in(0.2), 4.0);
+        assert_eq!(flat.steps_in(0.0), 0.0);
+        for pace in [pace, flat] {
+            for dt in [1e-6, 0.01, 0.5, 3.0, 69.99, 70.0, 70.01, 500.0] {
+                let back = pace.time_for(pace.steps_in(dt));
+                assert!(
+                    (back - dt).abs() < 1e-9 * dt.max(1.0),
+                    "{pace:?} {dt} {back}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn decode_slows_down_as_the_kv_cache_grows() {
+        // 100-token prompt (0.1 s, compute-bound), then 50 decode steps of 0.02 s + 1e-4 s per
+        // KV token held (100 at first, one more per step): 50 × 0.03 + 1e-4 × 50² / 2 = 1.625 s.
+        let mut p = perf();
+        p.kv_read_s_per_token = 1e-4;
+        let mut queue: VecDeque<Queued> = constant_arrivals(1.0, 1, 100, 51).into();
+        let mut r = Replica::new(0.0);
+        let mut log = Log::default();
+        run_until(&mut [&mut r], &mut queue, 1.72, &p, &mut log);
+        assert_eq!(r.running(), 1);
+        run_until(&mut [&mut r], &mut queue, 1.73, &p, &mut log);
+        assert_eq!(r.running(), 0);
+        assert!((r.generated_total - 51.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn how_often_a_replica_is_observed_does_not_change_its_course() {
+        let mut p = perf();
+        p.kv_read_s_per_token = 1e-5;
+        let arrivals = constant_arrivals(0.05, 200, 300, 80);
+        let mut coarse = Replica::new(0.0);
+        let mut fine = Replica::new(0.0);
+        let (mut a, mut b) = (Log::default(), Log::default());
+        let mut qa: VecDeque<Queued> = arrivals.clone().into();
+        let mut qb: VecDeque<Queued> = arrivals.into();
+        for k in 1..=12 {
+            run_until(&mut [&mut coarse], &mut qa, f64::from(k), &p, &mut a);
+            for j in 1..=100 {
+                let t = f64::from(k - 1) + f64::from(j) / 100.0;
+                run_until(&mut [&mut fine], &mut qb, t, &p, &mut b);
+            }
+            assert!(
+                (coarse.generated_total - fine.generated_total).abs() < 1e-6,
+                "at {k} s: {} vs {}",
+                coarse.generated_total,
+                fine.generated_total
+            );
+            assert_eq!(coarse.running(), fine.running());
+        }
+        assert_eq!(a.waits.len(), b.waits.len());
+        for ((ta, wa), (tb, wb)) in a.waits.iter().zip(&b.waits) {
+            assert!((ta - tb).abs() < 1e-6 && (wa - wb).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn the_head_goes_to_the_lowest_numbered_replica_with_room() {
+        let p = perf();
+        let mut queue: VecDeque<Queued> = constant_arrivals(0.1, 3, 100, 10).into();
+        let mut fleet: Vec<Replica> = (0..3).map(|_| Replica::new(0.0)).collect();
+        fleet[0].accepting = false; // draining
+        let mut log = Log::default();
+        let mut refs: Vec<&mut Replica> = fleet.iter_mut().collect();
+        run_until(&mut refs, &mut queue, 0.25, &p, &mut log);
+        // Replica 1 has room for all three (256 slots, 2048-token budget); 2 stays idle.
+        assert_eq!(fleet[0].running(), 0);
+        assert_eq!(fleet[1].running(), 3);
+        assert_eq!(fleet[2].running(), 0);
+        assert!(log.waits.iter().all(|(_, w)| *w == 0.0), "{:?}", log.waits);
+        assert!(fleet.iter().all(|r| r.now == 0.25));
     }
 }
