@@ -16,6 +16,7 @@ mod harvest;
 mod keda;
 mod objects;
 mod process;
+mod scrape;
 mod wait;
 
 use std::process::ExitCode;
@@ -41,6 +42,10 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         (
             "keda_scaler_drives_inference_replicas_and_research_yields_and_returns",
             |c| Box::pin(keda::run(c)),
+        ),
+        (
+            "scrape_discovers_pods_from_endpointslices_and_follows_them",
+            |c| Box::pin(scrape::run(c)),
         ),
     ]
 }
