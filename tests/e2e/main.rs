@@ -11,11 +11,15 @@
 //! `NIGHTSHIFT_E2E_SKIP=1` skips the whole suite deliberately; without it, missing binaries are
 //! an error, never a silent pass.
 
+mod admission;
+mod binary;
 mod cluster;
+mod failure;
 mod harvest;
 mod keda;
 mod objects;
 mod process;
+mod rbac;
 mod scrape;
 mod wait;
 
@@ -42,6 +46,18 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         (
             "keda_scaler_drives_inference_replicas_and_research_yields_and_returns",
             |c| Box::pin(keda::run(c)),
+        ),
+        (
+            "admission_research_pods_are_stored_marked_through_the_real_chain",
+            |c| Box::pin(admission::run(c)),
+        ),
+        (
+            "failure_webhook_down_rotation_and_restart_are_handled",
+            |c| Box::pin(failure::run(c)),
+        ),
+        (
+            "rbac_nightshift_works_with_the_base_service_account_rules",
+            |c| Box::pin(rbac::run(c)),
         ),
         (
             "scrape_discovers_pods_from_endpointslices_and_follows_them",
