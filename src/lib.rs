@@ -9,7 +9,8 @@
 //! - [`webhook`]: the mutating admission webhook that marks research pods.
 //! - [`pool`]: spare-GPU accounting, spare marks on nodes, preemption tracking, status.
 //! - [`sim`]: the trace-driven simulator that estimates the GPU-hours freed.
-//! - [`admin`], [`telemetry`], [`runtime`], [`cli`]: operations around them.
+//! - [`admin`], [`telemetry`], [`runtime`], [`cli`]: operations around them; [`tls`]: serving
+//!   certificates reloaded from disk, shared by the webhook and the scaler.
 //!
 //! Decision logic (demand, patches, accounting) is pure and lives apart from transport code.
 
@@ -22,6 +23,7 @@ pub mod scaler;
 pub mod sim;
 pub mod sources;
 pub mod telemetry;
+pub mod tls;
 pub mod webhook;
 
 /// Installs the process-wide rustls crypto provider (aws-lc-rs).

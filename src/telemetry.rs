@@ -1,4 +1,7 @@
 //! Structured logging set-up. Owns the `tracing` subscriber; metrics live in [`crate::admin`].
+//! Plain lines are coloured only on a terminal and never with `NO_COLOR` set.
+
+use std::{ffi::OsStr, io::IsTerminal};
 
 use clap::{Args, ValueEnum};
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
@@ -48,7 +51,14 @@ impl LogArgs {
         let registry = tracing_subscriber::registry().with(filter);
         let result = match self.log_format {
             LogFormat::Plain => registry
-                .with(fmt::layer().with_writer(std::io::stderr))
+                .with(
+                    fmt::layer()
+                        .with_ansi(use_colour(
+                            std::io::stderr().is_terminal(),
+                            std::env::var_os("NO_COLOR").as_deref(),
+                        ))
+                        .with_writer(std::io::stderr),
+                )
                 .try_init(),
             LogFormat::Json => registry
                 .with(
@@ -61,5 +71,26 @@ impl LogArgs {
                 .try_init(),
         };
         result.map_err(|_| Error::AlreadyInstalled)
+    }
+}
+
+/// Pure: whether plain log lines get ANSI colour codes. Only on a terminal (a file or a log
+/// collector would keep the escape codes as text), and never when `NO_COLOR` is set to a
+/// non-empty value (<https://no-color.org>).
+pub fn use_colour(stderr_is_terminal: bool, no_color: Option<&OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(use_colour(true, None));
+        assert!(use_colour(true, Some(OsStr::new(""))));
+        assert!(!use_colour(true, Some(OsStr::new("1"))));
+        assert!(!use_colour(false, None));
+        assert!(!use_colour(false, Some(OsStr::new(""))));
     }
 }

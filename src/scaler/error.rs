@@ -34,6 +34,9 @@ pub enum Error {
     /// The gRPC server could not start.
     #[error("scaler gRPC server: {0}")]
     Server(String),
+    /// The TLS files cannot be used.
+    #[error("scaler TLS: {0}")]
+    Tls(#[from] crate::tls::Error),
 }
 
 impl Error {
@@ -51,7 +54,7 @@ impl Error {
             Error::Empty { .. } => Code::NotFound,
             Error::WarmingUp { .. } => Code::Unavailable,
             Error::Demand(_) => Code::Internal,
-            Error::Server(_) => Code::Internal,
+            Error::Server(_) | Error::Tls(_) => Code::Internal,
         }
     }
 }

@@ -4,7 +4,8 @@
 //! - [`metadata`] parses a trigger's metadata into a typed configuration;
 //! - [`demand`] is the pure composite-demand math (shared with the simulator);
 //! - [`Scaler`] reads the sources, applies the math and keeps explanations ([`explain`]);
-//! - [`service`] is the thin gRPC adapter, [`error`] the one mapping to gRPC status codes.
+//! - [`service`] is the thin gRPC adapter, [`error`] the one mapping to gRPC status codes;
+//! - [`tls`] serves it over TLS/mTLS with certificate and client CA reloaded from disk.
 //!
 //! Demand is reported as a metric value of `replicas × 100` against a fixed target of 100, so the
 //! HPA's `ceil(value / target)` is the number of replicas needed.
@@ -15,6 +16,7 @@ pub mod explain;
 pub mod metadata;
 pub mod metrics;
 pub mod service;
+pub mod tls;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
@@ -49,31 +51,27 @@ pub struct ScalerArgs {
     #[arg(long, env = "NIGHTSHIFT_SCALER_STREAM_INTERVAL", default_value = "5s", value_parser = crate::cli::parse_duration)]
     pub scaler_stream_interval: Duration,
 
-    /// PEM certificate chain for serving gRPC over TLS (with --scaler-tls-key). Plaintext when unset.
+    /// PEM certificate chain for serving gRPC over TLS (with --scaler-tls-key); re-read when it
+    /// changes. Plaintext when unset.
     #[arg(long, env = "NIGHTSHIFT_SCALER_TLS_CERT", requires = "scaler_tls_key")]
     pub scaler_tls_cert: Option<PathBuf>,
 
-    /// PEM private key for --scaler-tls-cert.
+    /// PEM private key for --scaler-tls-cert; re-read when it changes.
     #[arg(long, env = "NIGHTSHIFT_SCALER_TLS_KEY", requires = "scaler_tls_cert")]
     pub scaler_tls_key: Option<PathBuf>,
 
     /// PEM CA bundle: when set, clients (KEDA, with a TriggerAuthentication's tlsClientCert and
-    /// tlsClientKey) must present a certificate signed by it (mTLS).
+    /// tlsClientKey) must present a certificate signed by it (mTLS); re-read when it changes.
     #[arg(
         long,
         env = "NIGHTSHIFT_SCALER_TLS_CLIENT_CA",
         requires = "scaler_tls_cert"
     )]
     pub scaler_tls_client_ca: Option<PathBuf>,
-}
 
-/// TLS material for the gRPC server, as PEM text.
-#[derive(Clone, Debug)]
-pub struct TlsPem {
-    pub cert: Vec<u8>,
-    pub key: Vec<u8>,
-    /// Require client certificates signed by this CA.
-    pub client_ca: Option<Vec<u8>>,
+    /// How often the TLS files are checked for rotation.
+    #[arg(long, env = "NIGHTSHIFT_SCALER_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = crate::cli::parse_duration)]
+    pub scaler_tls_reload_interval: Duration,
 }
 
 /// Options of the scaler core.
@@ -340,17 +338,14 @@ fn describe(source: &Source) -> String {
     }
 }
 
-/// Reads the TLS files named by the options.
-pub fn load_tls(args: &ScalerArgs) -> Result<Option<TlsPem>, Error> {
-    let read = |p: &PathBuf| {
-        std::fs::read(p).map_err(|e| Error::Server(format!("cannot read {}: {e}", p.display())))
-    };
+/// Loads the TLS files named by the options (`None`: plaintext).
+pub fn load_tls(args: &ScalerArgs) -> Result<Option<Arc<tls::ScalerTls>>, Error> {
     match (&args.scaler_tls_cert, &args.scaler_tls_key) {
-        (Some(cert), Some(key)) => Ok(Some(TlsPem {
-            cert: read(cert)?,
-            key: read(key)?,
-            client_ca: args.scaler_tls_client_ca.as_ref().map(read).transpose()?,
-        })),
+        (Some(cert), Some(key)) => Ok(Some(tls::ScalerTls::load(
+            cert,
+            key,
+            args.scaler_tls_client_ca.as_deref(),
+        )?)),
         _ => Ok(None),
     }
 }
@@ -391,6 +386,19 @@ pub async fn start(args: ScalerArgs, ctx: &mut Context) -> Result<(), Error> {
         .await
         .map_err(|e| Error::Server(format!("cannot bind {scaler_addr}: {e}")))?;
     let token = ctx.supervisor.shutdown_token();
+    if let Some(tls) = &tls {
+        ctx.registry.register(
+            "scaler_tls_reloads",
+            "Times rotated scaler TLS files (certificate, key, client CA) were loaded from disk",
+            tls.reloads(),
+        );
+        let (tls, t) = (tls.clone(), token.clone());
+        let interval = args.scaler_tls_reload_interval;
+        ctx.supervisor.spawn("scaler-tls-reload", async move {
+            tls.watch(interval, t).await;
+            Ok(())
+        });
+    }
     ctx.supervisor.spawn("scaler", async move {
         ready.set(true);
         service::serve(listener, scaler, tls, token).await?;

@@ -9,10 +9,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{
     Request, Response, Status,
-    transport::{Certificate, Identity, Server, ServerTlsConfig, server::TcpIncoming},
+    transport::{Server, server::TcpIncoming},
 };
 
-use super::{Error, Evaluation, METRIC_NAME, Scaler, TlsPem, demand::METRIC_TARGET};
+use super::{Error, Evaluation, METRIC_NAME, Scaler, demand::METRIC_TARGET, tls::ScalerTls};
 
 /// Code generated from `proto/externalscaler.proto`.
 pub mod proto {
@@ -181,11 +181,12 @@ impl ExternalScaler for ScalerService {
     }
 }
 
-/// Serves the scaler and the health service on `listener` until `shutdown` is cancelled.
+/// Serves the scaler and the health service on `listener` until `shutdown` is cancelled; over
+/// TLS (reloaded from disk, see [`ScalerTls`]) when `tls` is given.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     scaler: Arc<Scaler>,
-    tls: Option<TlsPem>,
+    tls: Option<Arc<ScalerTls>>,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     let addr = listener.local_addr().ok();
@@ -193,32 +194,26 @@ pub async fn serve(
     health_reporter
         .set_serving::<ExternalScalerServer<ScalerService>>()
         .await;
-    let mut builder = Server::builder();
-    let mode = match tls {
-        Some(pem) => {
-            let mut config =
-                ServerTlsConfig::new().identity(Identity::from_pem(&pem.cert, &pem.key));
-            let mode = if let Some(ca) = &pem.client_ca {
-                config = config.client_ca_root(Certificate::from_pem(ca));
-                "mTLS"
-            } else {
-                "TLS"
-            };
-            builder = builder
-                .tls_config(config)
-                .map_err(|e| Error::Server(format!("invalid TLS configuration: {e}")))?;
-            mode
-        }
-        None => "plaintext",
-    };
+    let mode = tls.as_ref().map_or("plaintext", |t| t.mode());
     tracing::info!(addr = ?addr, mode, "scaler gRPC server listening");
-    builder
+    let router = Server::builder()
         .add_service(health_service)
-        .add_service(ExternalScalerServer::new(ScalerService::new(scaler)))
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown.cancelled(),
-        )
-        .await
-        .map_err(|e| Error::Server(e.to_string()))
+        .add_service(ExternalScalerServer::new(ScalerService::new(scaler)));
+    let served = match tls {
+        Some(tls) => {
+            let incoming = tls.incoming(listener, shutdown.clone());
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown.cancelled())
+                .await
+        }
+        None => {
+            router
+                .serve_with_incoming_shutdown(
+                    TcpIncoming::from(listener).with_nodelay(Some(true)),
+                    shutdown.cancelled(),
+                )
+                .await
+        }
+    };
+    served.map_err(|e| Error::Server(e.to_string()))
 }

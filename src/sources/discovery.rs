@@ -1,6 +1,7 @@
 //! Finds the vLLM pods behind a Service from its EndpointSlices, with one `kube` reflector per
 //! Service (started on first use, shared afterwards). Only endpoints that are not marked
-//! not-ready are returned: a starting or terminating pod has no meaningful load.
+//! not-ready are returned: a starting or terminating pod has no meaningful load. A Service with
+//! no ready endpoint is an error, never an empty (zero-demand) list.
 
 use std::{
     collections::HashMap,
@@ -116,8 +117,32 @@ impl Discovery {
             }
         }
         let slices: Vec<Arc<EndpointSlice>> = store.state();
-        Ok(endpoints_of(slices.iter().map(|s| s.as_ref()), port))
+        ready_endpoints(namespace, service, &slices, port)
     }
+}
+
+/// Pure: the ready endpoints of a Service's slices, or an error when there is none. No pod means
+/// no queue to read, not an empty one: answering zero would scale inference down (or keep it at
+/// zero) exactly when nothing can be measured, so the caller gets an error and KEDA's fallback.
+pub fn ready_endpoints(
+    namespace: &str,
+    service: &str,
+    slices: &[Arc<EndpointSlice>],
+    port: Option<&str>,
+) -> Result<Vec<Endpoint>, SourceError> {
+    let endpoints = endpoints_of(slices.iter().map(|s| s.as_ref()), port);
+    if endpoints.is_empty() {
+        let on_port = port.map(|p| format!(" on port {p}")).unwrap_or_default();
+        return Err(SourceError::Unavailable {
+            upstream: format!("service {namespace}/{service}"),
+            detail: format!(
+                "no ready endpoint{on_port} in its {} EndpointSlice(s) (label {SERVICE_NAME_LABEL}={service}): \
+                 no pod to read demand from",
+                slices.len()
+            ),
+        });
+    }
+    Ok(endpoints)
 }
 
 /// Pure: ready endpoints of the given slices on the given port.
@@ -217,6 +242,27 @@ mod tests {
         let addrs: Vec<_> = eps.iter().map(|e| e.address.as_str()).collect();
         assert_eq!(addrs, ["10.0.0.1:8000", "10.0.0.3:8000"]);
         assert_eq!(eps[0].name, "a");
+    }
+
+    #[test]
+    fn no_ready_endpoint_is_an_unavailable_error_naming_the_service() {
+        let none_ready = Arc::new(slice("IPv4", &[("10.0.0.2", Some(false), "b")]));
+        let err = ready_endpoints("ns", "llama", &[none_ready], Some("http"))
+            .expect_err("no ready endpoint must not be an empty list");
+        assert!(matches!(err, SourceError::Unavailable { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("service ns/llama"), "{text}");
+        assert!(text.contains("no ready endpoint on port http"), "{text}");
+        let err = ready_endpoints("ns", "llama", &[], None).expect_err("no slice at all");
+        assert!(err.to_string().contains("0 EndpointSlice"), "{err}");
+        let one = Arc::new(slice("IPv4", &[("10.0.0.1", Some(true), "a")]));
+        let err = ready_endpoints("ns", "llama", std::slice::from_ref(&one), Some("metrics"))
+            .expect_err("no such port");
+        assert!(err.to_string().contains("on port metrics"), "{err}");
+        assert_eq!(
+            ready_endpoints("ns", "llama", &[one], None).expect("ready")[0].address,
+            "10.0.0.1:8000"
+        );
     }
 
     #[test]

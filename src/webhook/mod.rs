@@ -69,6 +69,8 @@ pub enum Error {
     BadTlsFile { path: PathBuf, reason: String },
     #[error("TLS configuration: {0}")]
     TlsConfig(String),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::Error),
     #[error("cannot write {}: {source}", path.display())]
     WriteCerts {
         path: PathBuf,

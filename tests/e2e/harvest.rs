@@ -1,6 +1,7 @@
 //! Harvest and preemption on the real scheduler: research pods fill the spare GPUs of the pool,
 //! inference scales up and the scheduler preempts research pods for it (they get
-//! `DisruptionTarget`/`PreemptionByScheduler`), inference scales down and research pods return.
+//! `DisruptionTarget`/`PreemptionByScheduler`), the research Job replaces them (they wait), inference
+//! scales down and the same Job's pods take the GPUs back.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -48,11 +49,8 @@ pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
     // Research fills every spare GPU.
     let jobs: Api<Job> = Api::namespaced(client.clone(), NS);
     let t = Instant::now();
-    jobs.create(
-        &PostParams::default(),
-        &objects::research_job("research", research_n, true)?,
-    )
-    .await?;
+    jobs.create(&PostParams::default(), &indexed_research_job(research_n)?)
+        .await?;
     wait_running(&cluster, "role=research", research_n as usize).await?;
     eprintln!(
         "harvest: {research_n} research pods running on the {} spare GPUs in {:.1} s",
@@ -164,17 +162,45 @@ pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
         "GPUs over-committed after preemption"
     );
 
-    // Inference scales down: research pods are created again and land on the freed GPUs.
-    // A second research Job takes the freed GPUs. (Replacement pods of the preempted Job are
-    // not relied on here: under kwok the Job controller did not recreate them; under
-    // investigation.)
-    let t_down = Instant::now();
-    objects::scale_deployment(&client, NS, "inference", INFERENCE_START).await?;
-    jobs.create(
-        &PostParams::default(),
-        &objects::research_job("research-2", needed as i32, true)?,
+    // The Job controller replaces the preempted pods: kwok turns a deleted pod Failed first, as
+    // a kubelet does, and the pod failure policy ignores failures carrying `DisruptionTarget`.
+    // The replacements wait (preemptionPolicy Never, nothing lower to evict).
+    let t_replace = Instant::now();
+    let replaced = wait::until(
+        &format!("the research Job to replace its {needed} preempted pods"),
+        STEP,
+        || async {
+            let pods = objects::pods(&client, NS, "role=research").await?;
+            let waiting = pods
+                .values()
+                .filter(|p| !is_bound(p) && p.metadata.deletion_timestamp.is_none())
+                .count();
+            Ok(if waiting >= needed {
+                Check::Done(waiting)
+            } else {
+                Check::Pending(format!("{waiting} replacement pods waiting"))
+            })
+        },
     )
     .await?;
+    ensure!(
+        replaced == needed,
+        "{replaced} replacement research pods, expected {needed}"
+    );
+    eprintln!(
+        "harvest: the research Job replaced its {needed} preempted pods {:.1} s after the scale-up settled (per-index backoff)",
+        t_replace.elapsed().as_secs_f64()
+    );
+    let job = jobs.get("research").await?;
+    let failed = job.status.as_ref().and_then(|s| s.failed).unwrap_or(0);
+    ensure!(
+        failed == 0,
+        "preempted pods were counted as {failed} Job failures despite the pod failure policy"
+    );
+
+    // Inference scales down: the same Job's waiting pods land on the freed GPUs.
+    let t_down = Instant::now();
+    objects::scale_deployment(&client, NS, "inference", INFERENCE_START).await?;
     wait_running(&cluster, "role=research", research_n as usize).await?;
     eprintln!(
         "harvest: scale-down {INFERENCE_PEAK}->{INFERENCE_START}: {research_n} research pods running again in {:.2} s",
@@ -189,7 +215,30 @@ pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
         "a research pod runs outside the GPU pool"
     );
 
+    // The Job goes first: deleting the namespace under a running Indexed Job with
+    // `backoffLimitPerIndex` left its pods Failed with their job-tracking finalizer (the Job
+    // still Running) for minutes here; deleting the Job first finishes in seconds.
+    jobs.delete("research", &kube::api::DeleteParams::background())
+        .await?;
     cluster.delete_namespace(NS).await
+}
+
+/// The research Job, Indexed with a per-index backoff limit. The Job controller delays new pods
+/// after failures (10 s doubling per failure, up to 10 min) and counts failures its pod failure
+/// policy ignores too: a plain Job that lost 16 pods to preemption waits the full 10 min before
+/// replacing them. With `backoffLimitPerIndex` the delay is per index, so each preempted pod is
+/// replaced after 10 s.
+fn indexed_research_job(parallelism: i32) -> Result<Job> {
+    let mut job = objects::research_job("research", parallelism, true)?;
+    let spec = job
+        .spec
+        .as_mut()
+        .ok_or_else(|| anyhow::anyhow!("research Job without spec"))?;
+    spec.completion_mode = Some("Indexed".into());
+    spec.backoff_limit = None;
+    // Preemptions do not count against it (pod failure policy); anything else may retry a lot.
+    spec.backoff_limit_per_index = Some(1000);
+    Ok(job)
 }
 
 /// Waits until exactly `n` pods matching `selector` run (and none more are bound).

@@ -27,8 +27,8 @@ use crate::process::{Process, free_port, tail};
 use crate::wait::{self, Check};
 
 #[path = "../scaler/emulator.rs"]
-#[allow(dead_code)] // the e2e scenario uses only part of the emulator
-mod emulator;
+#[allow(dead_code)] // the e2e scenarios use only part of the emulator
+pub(crate) mod emulator;
 
 const NS: &str = "e2e-keda";
 const DEPLOYMENT: &str = "inference";

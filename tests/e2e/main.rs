@@ -20,6 +20,7 @@ mod keda;
 mod objects;
 mod process;
 mod rbac;
+mod scrape;
 mod wait;
 
 use std::process::ExitCode;
@@ -57,6 +58,10 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         (
             "rbac_nightshift_works_with_the_base_service_account_rules",
             |c| Box::pin(rbac::run(c)),
+        ),
+        (
+            "scrape_discovers_pods_from_endpointslices_and_follows_them",
+            |c| Box::pin(scrape::run(c)),
         ),
     ]
 }

@@ -1,11 +1,11 @@
-//! A vLLM metrics emulator: serves vLLM's Prometheus exposition on 127.0.0.1 with values the
+//! A vLLM metrics emulator: serves vLLM's Prometheus exposition (on 127.0.0.1 unless told otherwise) with values the
 //! test changes while it runs, under the new (≥ 0.9.2) or old KV-cache metric name, with any
 //! number of data-parallel engines, and can misbehave (slow, garbage, HTTP 500). The end-to-end
 //! suite uses it too (`tests/e2e/keda.rs`, through a `#[path]` module).
 
 use std::{
     fmt::Write as _,
-    net::SocketAddr,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -54,8 +54,13 @@ impl Drop for Emulator {
 }
 
 impl Emulator {
-    /// Starts an emulator for `model` with `engines` engines, all idle.
+    /// Starts an emulator for `model` with `engines` engines, all idle, on 127.0.0.1.
     pub async fn start(model: &str, engines: usize, old_names: bool) -> Self {
+        Self::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST), model, engines, old_names).await
+    }
+
+    /// Like [`Emulator::start`], listening on `ip` (a port from the OS).
+    pub async fn start_on(ip: IpAddr, model: &str, engines: usize, old_names: bool) -> Self {
         let state = Arc::new(Mutex::new(EmuState {
             model: model.to_string(),
             old_names,
@@ -65,7 +70,7 @@ impl Emulator {
         let app = Router::new()
             .route("/metrics", get(metrics))
             .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0))
             .await
             .expect("bind emulator");
         let addr = listener.local_addr().expect("addr");

@@ -5,7 +5,7 @@ use std::{collections::HashMap, net::SocketAddr, sync::Arc, time::Duration};
 
 use nightshift::{
     scaler::{
-        Options, Scaler, TlsPem,
+        Options, Scaler,
         metrics::ScalerMetrics,
         service::{
             self,
@@ -14,6 +14,7 @@ use nightshift::{
                 external_scaler_client::ExternalScalerClient,
             },
         },
+        tls::ScalerTls,
     },
     sources::metrics::SourceMetrics,
 };
@@ -47,7 +48,7 @@ impl ScalerUnderTest {
     pub async fn start_with(
         cache_ttl: Duration,
         stream_interval: Duration,
-        tls: Option<TlsPem>,
+        tls: Option<Arc<ScalerTls>>,
     ) -> Self {
         nightshift::install_crypto_provider();
         let stop = CancellationToken::new();

@@ -5,5 +5,6 @@ mod emulator;
 mod fake_prometheus;
 mod grpc;
 mod harness;
+mod logs;
 mod real_prometheus;
 mod tls;
