@@ -8,7 +8,6 @@
 
 use std::{sync::Arc, time::Instant};
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::core::{
     DynamicObject,
     admission::{
@@ -26,6 +25,7 @@ use super::{
     Error,
     cluster::ClusterView,
     mutate::{Denial, Mutation, Policy, Selection, mutate},
+    pod_fields::AdmittedPod,
 };
 
 /// What happened to one review, for metrics and logs.
@@ -160,16 +160,17 @@ impl Reviewer {
     }
 
     async fn review_inner(&self, body: &[u8]) -> Result<(AdmissionResponse, Outcome), Error> {
-        let request = parse(body)?;
+        let mut request = parse(body)?;
         let response = AdmissionResponse::from(&request);
         let uid = request.uid.clone();
+        let object = request.object.take().map(AdmittedPod::into_pod);
 
         // Only pod creations are marked; anything else the configuration sends is let through
         // unchanged (updates cannot change priority or affinity of a pod anyway).
         if request.operation != Operation::Create || request.sub_resource.is_some() {
             return Ok((response, Outcome::Skipped));
         }
-        let Some(pod) = request.object.as_ref() else {
+        let Some(pod) = object.as_ref() else {
             return Err(Error::MissingObject { uid });
         };
         let Some(namespace) = request
@@ -255,14 +256,14 @@ fn deny(response: AdmissionResponse, denial: &Denial) -> AdmissionResponse {
     response
 }
 
-/// Parses a review. The fast path reads the pod straight into its typed form; only when that
-/// fails is the body parsed again, loosely, to tell the caller precisely what is wrong (and to
-/// echo the uid when there is one).
-fn parse(body: &[u8]) -> Result<AdmissionRequest<Pod>, Error> {
-    let typed_error = match serde_json::from_slice::<AdmissionReview<Pod>>(body) {
+/// Parses a review. The fast path reads the fields of the pod that decisions use straight into
+/// their typed form ([`AdmittedPod`]); only when that fails is the body parsed again, loosely, to
+/// tell the caller precisely what is wrong (and to echo the uid when there is one).
+fn parse(body: &[u8]) -> Result<AdmissionRequest<AdmittedPod>, Error> {
+    let typed_error = match serde_json::from_slice::<AdmissionReview<AdmittedPod>>(body) {
         Ok(review) => {
             check_types(&review.types)?;
-            let request: AdmissionRequest<Pod> =
+            let request: AdmissionRequest<AdmittedPod> =
                 review.try_into().map_err(|_| Error::MissingRequest)?;
             check_request(&request.uid, &request.kind)?;
             return Ok(request);
