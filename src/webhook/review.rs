@@ -309,8 +309,53 @@ fn check_request(uid: &str, kind: &kube::core::GroupVersionKind) -> Result<(), E
     Ok(())
 }
 
+/// The answer as the API server reads it: an `AdmissionReview` whose `response.patch` is base64,
+/// as Go encodes a `[]byte` (kube's own serialisation writes the patch as an array of numbers,
+/// which Go also accepts, at three to four times the size and far more encoding work).
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewOut<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    response: ResponseOut<'a>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ResponseOut<'a> {
+    uid: &'a str,
+    allowed: bool,
+    status: &'a kube::core::Status,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "std::collections::HashMap::is_empty")]
+    audit_annotations: &'a std::collections::HashMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warnings: Option<&'a [String]>,
+}
+
 fn encode(response: AdmissionResponse) -> Result<Vec<u8>, Error> {
-    serde_json::to_vec(&response.into_review()).map_err(|e| Error::Encode(e.to_string()))
+    use base64::Engine as _;
+    let patch = response
+        .patch
+        .as_deref()
+        .map(|p| base64::engine::general_purpose::STANDARD.encode(p));
+    let out = ReviewOut {
+        api_version: META_API_VERSION_V1,
+        kind: META_KIND,
+        response: ResponseOut {
+            uid: &response.uid,
+            allowed: response.allowed,
+            status: &response.result,
+            patch_type: patch.as_ref().map(|_| "JSONPatch"),
+            patch,
+            audit_annotations: &response.audit_annotations,
+            warnings: response.warnings.as_deref(),
+        },
+    };
+    serde_json::to_vec(&out).map_err(|e| Error::Encode(e.to_string()))
 }
 
 impl Error {
