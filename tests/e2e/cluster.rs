@@ -36,6 +36,10 @@ pub const POOL: &str = "gpu";
 pub const POOL_LABEL: &str = "nightshift.io/pool";
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
+/// Users whose API requests the API server writes to the audit log (request metadata only):
+/// nightshift's ServiceAccount, so that a scenario can compare the calls it makes with its RBAC.
+const AUDITED_USERS: &[&str] = &["system:serviceaccount:nightshift-system:nightshift"];
+
 /// How long each component gets to become ready: generous for a loaded 2-core machine (the API
 /// server alone needs ~5-15 s there to install its APIs).
 const START_TIMEOUT: Duration = Duration::from_secs(120);
@@ -57,6 +61,8 @@ pub struct Cluster {
     /// Kubeconfig file of the administrator (token auth, CA file).
     pub kubeconfig: PathBuf,
     pub bin_dir: PathBuf,
+    /// The API server's audit log (JSON lines) of the requests of [`AUDITED_USERS`].
+    pub audit_log: PathBuf,
     env: Env,
 }
 
@@ -247,6 +253,7 @@ impl Cluster {
                 let cluster = Self {
                     client,
                     kubeconfig: dir.join("admin.kubeconfig"),
+                    audit_log: dir.join("audit.log"),
                     bin_dir,
                     env,
                 };
@@ -337,6 +344,12 @@ impl Cluster {
         Ok(child.wait_with_output()?)
     }
 
+    /// Directory of the component logs (kept when a scenario failed): processes that
+    /// scenarios start log there too.
+    pub fn log_dir(&self) -> &Path {
+        &self.env.log_dir
+    }
+
     /// Records that a scenario failed: logs are kept on drop.
     pub fn mark_failed(&self) {
         self.env.failed.store(true, Ordering::SeqCst);
@@ -365,6 +378,19 @@ async fn boot(env: &Env, bin: &Path, dir: &Path) -> Result<(kube::Client, String
     write(
         &dir.join("tokens.csv"),
         &format!("{ADMIN_TOKEN},admin,admin,\"system:masters\"\n"),
+    )?;
+
+    let users = AUDITED_USERS
+        .iter()
+        .map(|u| format!("\"{u}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    write(
+        &dir.join("audit-policy.yaml"),
+        &format!(
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
+             - level: Metadata\n  users: [{users}]\n- level: None\n"
+        ),
     )?;
 
     let etcd_client = free_port()?;
@@ -418,6 +444,8 @@ async fn boot(env: &Env, bin: &Path, dir: &Path) -> Result<(kube::Client, String
             // The `kubernetes` Service cannot point at a loopback address; nothing here uses it.
             s("--endpoint-reconciler-type=none"),
             s("--profiling=false"),
+            format!("--audit-policy-file={}", d("audit-policy.yaml")),
+            format!("--audit-log-path={}", d("audit.log")),
             s("--v=1"),
         ],
     )?;

@@ -11,10 +11,15 @@
 //! `NIGHTSHIFT_E2E_SKIP=1` skips the whole suite deliberately; without it, missing binaries are
 //! an error, never a silent pass.
 
+mod admission;
+mod binary;
 mod cluster;
+mod failure;
 mod harvest;
+mod keda;
 mod objects;
 mod process;
+mod rbac;
 mod wait;
 
 use std::process::ExitCode;
@@ -32,10 +37,28 @@ const SCENARIO_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Every scenario, in the order they run.
 fn scenarios() -> Vec<(&'static str, Scenario)> {
-    vec![(
-        "harvest_research_pods_are_preempted_for_inference_and_return",
-        |c| Box::pin(harvest::run(c)),
-    )]
+    vec![
+        (
+            "harvest_research_pods_are_preempted_for_inference_and_return",
+            |c| Box::pin(harvest::run(c)),
+        ),
+        (
+            "keda_scaler_drives_inference_replicas_and_research_yields_and_returns",
+            |c| Box::pin(keda::run(c)),
+        ),
+        (
+            "admission_research_pods_are_stored_marked_through_the_real_chain",
+            |c| Box::pin(admission::run(c)),
+        ),
+        (
+            "failure_webhook_down_rotation_and_restart_are_handled",
+            |c| Box::pin(failure::run(c)),
+        ),
+        (
+            "rbac_nightshift_works_with_the_base_service_account_rules",
+            |c| Box::pin(rbac::run(c)),
+        ),
+    ]
 }
 
 fn main() -> ExitCode {

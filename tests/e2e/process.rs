@@ -58,6 +58,11 @@ impl Process {
         &self.name
     }
 
+    /// The operating-system process id (for signals other than kill).
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn log_path(&self) -> &Path {
         &self.log
     }

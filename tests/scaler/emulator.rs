@@ -1,6 +1,7 @@
 //! A vLLM metrics emulator: serves vLLM's Prometheus exposition on 127.0.0.1 with values the
 //! test changes while it runs, under the new (≥ 0.9.2) or old KV-cache metric name, with any
-//! number of data-parallel engines, and can misbehave (slow, garbage, HTTP 500).
+//! number of data-parallel engines, and can misbehave (slow, garbage, HTTP 500). The end-to-end
+//! suite uses it too (`tests/e2e/keda.rs`, through a `#[path]` module).
 
 use std::{
     fmt::Write as _,

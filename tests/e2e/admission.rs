@@ -1,0 +1,704 @@
+//! Mutation through the real admission chain: the nightshift binary runs outside the cluster,
+//! its webhook is registered through `manifests/overlays/local`, and the assertions are on the
+//! objects as the API server STORED them, after the built-in `Priority` plugin re-checked the
+//! webhook's JSON Patch and the ValidatingAdmissionPolicy checked the final state.
+//!
+//! Also: every rendered kustomization (base, overlays) and example is validated by the API
+//! server's schemas with `kubectl apply --dry-run=server`, custom kinds against the projects'
+//! real CRDs (fetched by `tests/e2e/fetch-crds.sh`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+
+use crate::binary::{self, NAMESPACE, Nightshift, Registration, Workspace, kubectl_ok};
+use crate::cluster::{Cluster, GPU_RESOURCE, POOL, POOL_LABEL};
+use crate::objects::{self, RESEARCH_CLASS, RESEARCH_VALUE, is_running};
+use crate::wait::{self, Check};
+
+const RESEARCH_NS: &str = "e2e-admission-research";
+const PLAIN_NS: &str = "e2e-admission-plain";
+const RESEARCH_LABEL: &str = "nightshift.io/research";
+const LENT_LABEL: &str = "nightshift.io/lent";
+/// How long the controllers and the scheduler get for each step (they take about a second).
+const STEP: Duration = Duration::from_secs(120);
+/// Pods created one after another to measure admission latency through the webhook.
+const LATENCY_SAMPLES: usize = 20;
+
+/// Environment variable naming a directory of CRD files (else `fetch-crds.sh` provides them).
+const CRD_DIR_ENV: &str = "NIGHTSHIFT_E2E_CRD_DIR";
+
+pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
+    let c = &*cluster;
+    let result = scenario(c).await;
+    let cleanup = binary::delete_namespaces_now(c, &[RESEARCH_NS, PLAIN_NS]).await;
+    result.and(cleanup)
+}
+
+async fn scenario(c: &Cluster) -> Result<()> {
+    let client = c.client.clone();
+    let (ws, mut ns, _registration) = deploy(c, "nightshift-admission").await?;
+    c.create_namespace(RESEARCH_NS, json!({RESEARCH_LABEL: "true"}))
+        .await?;
+    c.create_namespace(PLAIN_NS, json!({})).await?;
+    let active = wait_webhook_active(c, RESEARCH_NS).await?;
+    eprintln!(
+        "admission: webhook registered through the local overlay, answering after {:.2} s",
+        active.as_secs_f64()
+    );
+
+    // A research GPU pod: the consistent priority triple, pool affinity and toleration, the lent
+    // label, and the scheduler can place it on the pool.
+    let pod = create_pod(&client, RESEARCH_NS, research_pod("gpu-research", &[])).await?;
+    assert_marked(&pod, true).context("research GPU pod in a research namespace")?;
+    wait_pod(c, RESEARCH_NS, "gpu-research", |p| {
+        is_running(p) && objects::node_of(p).is_some_and(|n| n.starts_with("gpu-"))
+    })
+    .await
+    .context("the mutated research pod must run on the GPU pool")?;
+
+    // A pod that opts out with the label in a research namespace is still research.
+    let pod = create_pod(
+        &client,
+        RESEARCH_NS,
+        research_pod("opt-out", &[(RESEARCH_LABEL, "false")]),
+    )
+    .await?;
+    assert_marked(&pod, true).context("a pod cannot opt out in a research namespace")?;
+
+    // The user's own placement is kept: the pool requirement is ANDed into each of their
+    // (ORed) node selector terms, their tolerations stay and the pool's is appended.
+    let mut placed = research_pod("own-placement", &[]);
+    placed["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]},
+            {"matchExpressions": [{"key": "type", "operator": "In", "values": ["kwok"]}]},
+        ],
+    }}});
+    placed["spec"]["tolerations"] = json!([{"key": "example.com/dedicated", "operator": "Exists"}]);
+    let pod = create_pod(&client, RESEARCH_NS, placed).await?;
+    assert_marked(&pod, true).context("research pod with its own affinity and tolerations")?;
+    let spec = serde_json::to_value(pod.spec.as_ref())?;
+    let terms = &spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    ensure!(
+        terms.as_array().map_or(0, Vec::len) == 2
+            && terms[0]["matchExpressions"][0]["key"] == "kubernetes.io/os"
+            && terms[1]["matchExpressions"][0]["key"] == "type",
+        "the user's node selector terms were not kept: {terms}"
+    );
+    ensure!(
+        spec["tolerations"]
+            .as_array()
+            .is_some_and(|ts| ts.iter().any(|t| t["key"] == "example.com/dedicated")),
+        "the user's toleration was dropped: {}",
+        spec["tolerations"]
+    );
+
+    // A research pod asking for inference priority is overridden, with a warning to the user.
+    let mut high = research_pod("asks-high", &[]);
+    high["spec"]["priorityClassName"] = json!(objects::INFERENCE_CLASS);
+    let out = c.kubectl(
+        &["create", "-n", RESEARCH_NS, "-f", "-"],
+        Some(&high.to_string()),
+    )?;
+    ensure!(
+        out.status.success(),
+        "creating a research pod with a high class failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        stderr.contains("Warning:")
+            && stderr.contains(&format!(
+                "priorityClassName \"{}\" replaced",
+                objects::INFERENCE_CLASS
+            )),
+        "kubectl did not show the webhook's override warning; stderr: {stderr}"
+    );
+    let pod = get_pod(&client, RESEARCH_NS, "asks-high").await?;
+    assert_marked(&pod, true).context("research pod that asked for nightshift-inference")?;
+
+    // A CPU-only research pod: low priority and the label, but no GPU-pool placement.
+    let mut cpu = research_pod("cpu-research", &[]);
+    cpu["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "100m"}});
+    let pod = create_pod(&client, RESEARCH_NS, cpu).await?;
+    assert_marked(&pod, false).context("CPU-only research pod")?;
+
+    // A pod labelled for research in an ordinary namespace goes through the second webhook.
+    let pod = create_pod(
+        &client,
+        PLAIN_NS,
+        research_pod("labelled", &[(RESEARCH_LABEL, "true")]),
+    )
+    .await?;
+    assert_marked(&pod, true).context("pod labelled research in an ordinary namespace")?;
+
+    // Not research: untouched.
+    let pod = create_pod(&client, PLAIN_NS, research_pod("plain", &[])).await?;
+    assert_untouched(&pod).context("ordinary pod in an ordinary namespace")?;
+    // kube-system is never sent, even with the research label.
+    let pod = create_pod(
+        &client,
+        "kube-system",
+        research_pod("e2e-labelled-system", &[(RESEARCH_LABEL, "true")]),
+    )
+    .await?;
+    let system_untouched = assert_untouched(&pod);
+    let _ = Api::<Pod>::namespaced(client.clone(), "kube-system")
+        .delete("e2e-labelled-system", &Default::default())
+        .await;
+    system_untouched.context("research-labelled pod in kube-system")?;
+
+    // Pods created by controllers: a Job and a Deployment in the research namespace.
+    let jobs: Api<Job> = Api::namespaced(client.clone(), RESEARCH_NS);
+    let job: Job = serde_json::from_value(json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "train"},
+        "spec": {
+            "parallelism": 2, "completions": 2, "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {"app": "train"}},
+                "spec": {"restartPolicy": "Never", "containers": [gpu_container()]},
+            },
+        },
+    }))?;
+    jobs.create(&PostParams::default(), &job).await?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), RESEARCH_NS);
+    let deployment: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "notebook"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "notebook"}},
+            "template": {
+                "metadata": {"labels": {"app": "notebook"}},
+                "spec": {"containers": [gpu_container()]},
+            },
+        },
+    }))?;
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await?;
+    for app in ["train", "notebook"] {
+        let pods = wait::until(
+            &format!("2 running pods of {app} in {RESEARCH_NS}"),
+            STEP,
+            || async {
+                c.check_processes()?;
+                let pods = objects::pods(&client, RESEARCH_NS, &format!("app={app}")).await?;
+                let running = pods.values().filter(|p| is_running(p)).count();
+                Ok(if running == 2 {
+                    Check::Done(pods)
+                } else {
+                    Check::Pending(format!("{running} running of {}", pods.len()))
+                })
+            },
+        )
+        .await?;
+        for (name, pod) in &pods {
+            assert_marked(pod, true)
+                .with_context(|| format!("pod {name} created by the {app} controller"))?;
+            ensure!(
+                objects::node_of(pod).is_some_and(|n| n.starts_with("gpu-")),
+                "pod {name} of {app} runs outside the GPU pool"
+            );
+        }
+    }
+
+    // Admission latency of research pods through the whole chain (webhook over HTTPS included).
+    let mut latencies = Vec::with_capacity(LATENCY_SAMPLES);
+    for i in 0..LATENCY_SAMPLES {
+        let t = Instant::now();
+        let pod = create_pod(
+            &client,
+            RESEARCH_NS,
+            research_pod(&format!("latency-{i}"), &[]),
+        )
+        .await?;
+        latencies.push(t.elapsed());
+        assert_marked(&pod, true)?;
+    }
+    latencies.sort();
+    eprintln!(
+        "admission: {LATENCY_SAMPLES} research pods created one by one through the webhook: \
+         p50 {:.1} ms, max {:.1} ms",
+        ms(latencies[LATENCY_SAMPLES / 2]),
+        ms(latencies[LATENCY_SAMPLES - 1])
+    );
+    let mutated = ns
+        .metric("nightshift_webhook_admissions_total")
+        .await
+        .unwrap_or(0.0);
+    eprintln!("admission: nightshift answered {mutated} admission reviews");
+    ns.check_running()?;
+
+    dry_run_manifests(c, &ws).await?;
+    ns.check_running()?;
+    Ok(())
+}
+
+/// Starts nightshift as the administrator and registers its webhook: a workspace with fresh
+/// certificates, the process on free ports, the local overlay applied for the port it reported,
+/// `/readyz` green. Dropping the registration removes the webhook configuration again.
+pub async fn deploy<'a>(
+    c: &'a Cluster,
+    name: &str,
+) -> Result<(Workspace, Nightshift, Registration<'a>)> {
+    let ws = Workspace::new()?;
+    let registration = Registration::new(c);
+    let t = Instant::now();
+    let mut ns = Nightshift::start(c, name, &c.kubeconfig, &ws.certs(), 0).await?;
+    ws.apply_local_overlay(c, ns.webhook.port())?;
+    ns.wait_ready().await?;
+    eprintln!(
+        "{name}: started and ready in {:.2} s (webhook https://{}, admin http://{})",
+        t.elapsed().as_secs_f64(),
+        ns.webhook,
+        ns.admin
+    );
+    Ok((ws, ns, registration))
+}
+
+/// Waits until the API server sends research pods to the webhook: the webhook configuration is
+/// read by the API server through a watch, so it takes effect a moment after it is applied. A
+/// server-side dry-run of a research pod shows when the mutation happens.
+pub async fn wait_webhook_active(c: &Cluster, research_ns: &str) -> Result<Duration> {
+    let t = Instant::now();
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), research_ns);
+    let probe: Pod = serde_json::from_value(research_pod("webhook-probe", &[]))?;
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait::until("the webhook to mutate research pods", STEP, || async {
+        c.check_processes()?;
+        Ok(match pods.create(&dry, &probe).await {
+            Ok(p) if priority_class(&p) == Some(RESEARCH_CLASS) => Check::Done(()),
+            Ok(p) => Check::Pending(format!("class {:?}", priority_class(&p))),
+            Err(e) => Check::Pending(e.to_string()),
+        })
+    })
+    .await?;
+    Ok(t.elapsed())
+}
+
+/// A pod asking for one GPU, without any mark of its own.
+pub fn research_pod(name: &str, labels: &[(&str, &str)]) -> Value {
+    let labels: serde_json::Map<String, Value> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "terminationGracePeriodSeconds": 600,
+            "containers": [gpu_container()],
+        },
+    })
+}
+
+fn gpu_container() -> Value {
+    json!({
+        "name": "work",
+        "image": "registry.invalid/nightshift-e2e:placeholder",
+        "resources": {
+            "requests": {"cpu": "100m", GPU_RESOURCE: "1"},
+            "limits": {GPU_RESOURCE: "1"},
+        },
+    })
+}
+
+pub async fn create_pod(client: &kube::Client, ns: &str, pod: Value) -> Result<Pod> {
+    let name = pod["metadata"]["name"].as_str().unwrap_or("?").to_string();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod: Pod = serde_json::from_value(pod)?;
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .with_context(|| format!("creating pod {ns}/{name}"))?;
+    // Assertions are on the stored object, read back.
+    get_pod(client, ns, &name).await
+}
+
+async fn get_pod(client: &kube::Client, ns: &str, name: &str) -> Result<Pod> {
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .with_context(|| format!("reading pod {ns}/{name}"))
+}
+
+async fn wait_pod(c: &Cluster, ns: &str, name: &str, ok: impl Fn(&Pod) -> bool) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
+    let ok = &ok;
+    wait::until(&format!("pod {ns}/{name}"), STEP, || {
+        let pods = pods.clone();
+        async move {
+            c.check_processes()?;
+            let p = pods.get(name).await?;
+            Ok(if ok(&p) {
+                Check::Done(())
+            } else {
+                Check::Pending(format!(
+                    "phase {:?}, node {:?}",
+                    p.status.as_ref().and_then(|s| s.phase.clone()),
+                    objects::node_of(&p)
+                ))
+            })
+        }
+    })
+    .await
+}
+
+fn priority_class(p: &Pod) -> Option<&str> {
+    p.spec.as_ref()?.priority_class_name.as_deref()
+}
+
+/// The stored pod carries every research mark; `gpu`: also the GPU-pool placement.
+pub fn assert_marked(p: &Pod, gpu: bool) -> Result<()> {
+    let spec = p.spec.as_ref().context("pod without spec")?;
+    let name = p.metadata.name.as_deref().unwrap_or("?");
+    ensure!(
+        spec.priority_class_name.as_deref() == Some(RESEARCH_CLASS),
+        "{name}: priorityClassName {:?}, expected {RESEARCH_CLASS}",
+        spec.priority_class_name
+    );
+    ensure!(
+        spec.priority == Some(RESEARCH_VALUE),
+        "{name}: priority {:?}, expected the class value {RESEARCH_VALUE}",
+        spec.priority
+    );
+    ensure!(
+        spec.preemption_policy.as_deref() == Some("Never"),
+        "{name}: preemptionPolicy {:?}, expected Never",
+        spec.preemption_policy
+    );
+    ensure!(
+        p.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LENT_LABEL))
+            .map(String::as_str)
+            == Some("true"),
+        "{name}: label {LENT_LABEL}=true missing: {:?}",
+        p.metadata.labels
+    );
+    ensure!(
+        spec.termination_grace_period_seconds
+            .is_some_and(|g| g <= 30),
+        "{name}: terminationGracePeriodSeconds {:?} not capped at 30",
+        spec.termination_grace_period_seconds
+    );
+    let affinity = serde_json::to_value(&spec.affinity)?;
+    let tolerations = serde_json::to_value(&spec.tolerations)?;
+    let terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let pool_in_every_term = !terms.is_empty()
+        && terms.iter().all(|t| {
+            t["matchExpressions"].as_array().is_some_and(|es| {
+                es.iter()
+                    .any(|e| e["key"] == POOL_LABEL && e["operator"] == "Exists")
+            })
+        });
+    let prefers_spare = affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        .as_array()
+        .is_some_and(|ps| {
+            ps.iter().any(|p| {
+                p["preference"]["matchExpressions"]
+                    .as_array()
+                    .is_some_and(|es| es.iter().any(|e| e["key"] == "nightshift.io/spare"))
+            })
+        });
+    let tolerates_pool = tolerations.as_array().is_some_and(|ts| {
+        ts.iter().any(|t| {
+            t["key"] == POOL_LABEL
+                && t["value"] == POOL
+                && t["effect"] == "NoSchedule"
+                && t["operator"] == "Equal"
+        })
+    });
+    if gpu {
+        ensure!(
+            pool_in_every_term,
+            "{name}: required node affinity lacks {POOL_LABEL} Exists in every term: {affinity}"
+        );
+        ensure!(
+            prefers_spare,
+            "{name}: no preference for spare nodes: {affinity}"
+        );
+        ensure!(
+            tolerates_pool,
+            "{name}: no toleration of the pool taint: {tolerations}"
+        );
+    } else {
+        ensure!(
+            !pool_in_every_term && !tolerates_pool,
+            "{name}: a CPU-only research pod must not be sent to the GPU pool: {affinity} {tolerations}"
+        );
+    }
+    Ok(())
+}
+
+/// The stored pod carries none of nightshift's marks (the API server's own defaults, such as
+/// the not-ready/unreachable tolerations, are expected).
+pub fn assert_untouched(p: &Pod) -> Result<()> {
+    let spec = p.spec.as_ref().context("pod without spec")?;
+    let name = p.metadata.name.as_deref().unwrap_or("?");
+    ensure!(
+        spec.priority_class_name.is_none() && spec.priority == Some(0),
+        "{name}: priority changed: class {:?}, priority {:?}",
+        spec.priority_class_name,
+        spec.priority
+    );
+    ensure!(
+        p.metadata
+            .labels
+            .as_ref()
+            .is_none_or(|l| !l.contains_key(LENT_LABEL)),
+        "{name}: carries {LENT_LABEL}"
+    );
+    ensure!(
+        spec.affinity.is_none(),
+        "{name}: affinity added: {:?}",
+        spec.affinity
+    );
+    let tolerations = serde_json::to_value(&spec.tolerations)?;
+    ensure!(
+        !tolerations.to_string().contains(POOL_LABEL),
+        "{name}: pool toleration added: {tolerations}"
+    );
+    ensure!(
+        spec.termination_grace_period_seconds == Some(600),
+        "{name}: grace period changed to {:?}",
+        spec.termination_grace_period_seconds
+    );
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// `kubectl apply --dry-run=server` of every rendered kustomization and example, custom kinds
+/// against the projects' CRDs (installed for the check, removed after).
+async fn dry_run_manifests(c: &Cluster, ws: &Workspace) -> Result<()> {
+    let crd_dir = crd_dir()?;
+    let mut crd_files: Vec<PathBuf> = std::fs::read_dir(&crd_dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    crd_files.sort();
+    ensure!(
+        !crd_files.is_empty(),
+        "no CRD files in {}",
+        crd_dir.display()
+    );
+    let _crds = Crds {
+        cluster: c,
+        files: crd_files.clone(),
+    };
+    for f in &crd_files {
+        // Server-side apply: Argo's full CRDs are too large for the last-applied annotation.
+        kubectl_ok(
+            c,
+            &["apply", "--server-side", "-f", &f.display().to_string()],
+            None,
+        )?;
+    }
+    kubectl_ok(
+        c,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd",
+            "--all",
+        ],
+        None,
+    )?;
+
+    // The self-signed overlay renders only with certificates in its certs/ directory.
+    binary::generate_certs(&ws.root().join("manifests/overlays/self-signed/certs"))?;
+    let rendered = ws.root().join("rendered");
+    let out = std::process::Command::new("bash")
+        .arg(ws.root().join("manifests/render.sh"))
+        .arg(&rendered)
+        .env("NIGHTSHIFT_KUSTOMIZE", binary::kustomize()?)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "manifests/render.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&rendered)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    files.sort();
+    let expected = [
+        "manifests_base.yaml",
+        "manifests_overlays_local.yaml",
+        "manifests_overlays_self-signed.yaml",
+        "manifests_overlays_cert-manager.yaml",
+        "manifests_examples_research.yaml",
+        "manifests_examples_vllm.yaml",
+        "manifests_examples_monitoring.yaml",
+    ];
+    for e in expected {
+        ensure!(
+            files.iter().any(|f| f.ends_with(e)),
+            "render.sh did not produce {e}: {files:?}"
+        );
+    }
+
+    // Namespaced objects need their namespace to exist even in a dry-run: create the ones the
+    // examples use (nightshift-system exists: the local overlay created it).
+    let mut namespaces = std::collections::BTreeSet::new();
+    let mut kinds = std::collections::BTreeSet::new();
+    for f in &files {
+        for doc in documents(f)? {
+            if let Some(n) = doc["metadata"]["namespace"].as_str() {
+                namespaces.insert(n.to_string());
+            }
+            if doc["kind"] == "Namespace"
+                && let Some(n) = doc["metadata"]["name"].as_str()
+            {
+                namespaces.insert(n.to_string());
+            }
+            kinds.insert(format!(
+                "{}/{}",
+                doc["apiVersion"].as_str().unwrap_or("?"),
+                doc["kind"].as_str().unwrap_or("?")
+            ));
+        }
+    }
+    let existing: Vec<String> = kubectl_ok(c, &["get", "ns", "-o", "name"], None)?
+        .lines()
+        .map(|l| l.trim_start_matches("namespace/").to_string())
+        .collect();
+    let created: Vec<String> = namespaces
+        .iter()
+        .filter(|n| !existing.contains(n))
+        .cloned()
+        .collect();
+    for n in &created {
+        c.create_namespace(n, json!({})).await?;
+    }
+    let t = Instant::now();
+    let mut failures = Vec::new();
+    for f in &files {
+        let out = c.kubectl(
+            &["apply", "--dry-run=server", "-f", &f.display().to_string()],
+            None,
+        )?;
+        if !out.status.success() {
+            failures.push(format!(
+                "{}: {}",
+                f.file_name().unwrap_or_default().to_string_lossy(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    // Negative control: the same check refuses a custom object with a misspelt field, so the
+    // CRD schemas really are enforced (kubectl's default field validation is Strict).
+    let bogus = json!({
+        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+        "metadata": {"name": "bogus", "namespace": NAMESPACE},
+        "spec": {"scaleTargetRef": {"name": "x"}, "triggers": [], "pollingIntervall": 5},
+    });
+    let out = c.kubectl(
+        &["apply", "--dry-run=server", "-f", "-"],
+        Some(&bogus.to_string()),
+    )?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() || !stderr.contains("pollingIntervall") {
+        failures.push(format!(
+            "a ScaledObject with an unknown field was not rejected: {stderr}"
+        ));
+    }
+    let created: Vec<&str> = created.iter().map(String::as_str).collect();
+    binary::delete_namespaces_now(c, &created).await?;
+    if !failures.is_empty() {
+        bail!(
+            "server-side dry-run rejected rendered manifests:\n{}",
+            failures.join("\n")
+        );
+    }
+    eprintln!(
+        "admission: server-side dry-run accepted {} rendered files in {:.1} s; kinds: {}",
+        files.len(),
+        t.elapsed().as_secs_f64(),
+        kinds.into_iter().collect::<Vec<_>>().join(", ")
+    );
+    Ok(())
+}
+
+/// The parsed YAML documents of a file.
+fn documents(path: &Path) -> Result<Vec<Value>> {
+    use serde::Deserialize;
+    let text = std::fs::read_to_string(path)?;
+    let mut docs = Vec::new();
+    for d in serde_yaml_ng::Deserializer::from_str(&text) {
+        let v = Value::deserialize(d).with_context(|| format!("parsing {}", path.display()))?;
+        if !v.is_null() {
+            docs.push(v);
+        }
+    }
+    Ok(docs)
+}
+
+/// Directory of the CRD files: `$NIGHTSHIFT_E2E_CRD_DIR`, else fetched (once, cached) by
+/// `tests/e2e/fetch-crds.sh`.
+fn crd_dir() -> Result<PathBuf> {
+    if let Some(d) = std::env::var_os(CRD_DIR_ENV) {
+        return Ok(PathBuf::from(d));
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/fetch-crds.sh");
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed (set {CRD_DIR_ENV} to a directory of CRD files instead): {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    Ok(PathBuf::from(
+        stdout.lines().last().unwrap_or_default().trim(),
+    ))
+}
+
+/// Deletes the CRDs installed for the dry-run when dropped.
+struct Crds<'a> {
+    cluster: &'a Cluster,
+    files: Vec<PathBuf>,
+}
+
+impl Drop for Crds<'_> {
+    fn drop(&mut self) {
+        for f in &self.files {
+            let _ = self.cluster.kubectl(
+                &[
+                    "delete",
+                    "--ignore-not-found",
+                    "--wait=false",
+                    "-f",
+                    &f.display().to_string(),
+                ],
+                None,
+            );
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! RBAC: nightshift runs with a token of the base manifests' ServiceAccount (TokenRequest API,
+//! `kubectl create token`), bound to the base ClusterRole and leader-election Role and nothing
+//! else, and every component works: the webhook's caches sync and it mutates pods, the pool
+//! controller takes the Lease and writes spare marks, the scaler discovers a Service's
+//! EndpointSlices, and no API call is refused (`Forbidden`) in its log.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Service};
+use kube::api::{Api, ListParams, PostParams};
+use nightshift::scaler::service::proto::{
+    GetMetricsRequest, ScaledObjectRef, external_scaler_client::ExternalScalerClient,
+};
+use serde_json::json;
+
+use crate::admission::{assert_marked, create_pod, research_pod, wait_webhook_active};
+use crate::binary::{
+    self, NAMESPACE, Nightshift, Registration, Workspace, kubectl_ok, token_kubeconfig,
+};
+use crate::cluster::{Cluster, GPU_NODES, POOL_LABEL};
+use crate::wait::{self, Check};
+
+const NS: &str = "e2e-rbac";
+const SERVICE_ACCOUNT: &str = "nightshift";
+const SPARE: &str = "nightshift.io/spare";
+const SPARE_GPUS: &str = "nightshift.io/spare-gpus";
+const LEASE: &str = "nightshift-pool";
+/// Far above the second the pool controller needs to write marks after its caches sync.
+const STEP: Duration = Duration::from_secs(60);
+/// A port nothing listens on, for the webhook URL until nightshift reports its real one (no
+/// research pod is created in between).
+const PLACEHOLDER_PORT: u16 = 9;
+
+pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
+    let c = &*cluster;
+    let result = scenario(c).await;
+    result.and(binary::delete_namespace_now(c, NS).await)
+}
+
+async fn scenario(c: &Cluster) -> Result<()> {
+    let ws = Workspace::new()?;
+    let _registration = Registration::new(c);
+    // The overlay creates the ServiceAccount and its bindings; the webhook URL is set again
+    // once nightshift has reported its port.
+    ws.apply_local_overlay(c, PLACEHOLDER_PORT)?;
+    // Start from nothing nightshift wrote before: no spare marks, no Lease.
+    kubectl_ok(
+        c,
+        &[
+            "label",
+            "nodes",
+            "-l",
+            POOL_LABEL,
+            &format!("{SPARE}-"),
+            &format!("{SPARE_GPUS}-"),
+        ],
+        None,
+    )?;
+    kubectl_ok(
+        c,
+        &[
+            "-n",
+            NAMESPACE,
+            "delete",
+            "lease",
+            LEASE,
+            "--ignore-not-found",
+        ],
+        None,
+    )?;
+
+    let token = kubectl_ok(
+        c,
+        &[
+            "-n",
+            NAMESPACE,
+            "create",
+            "token",
+            SERVICE_ACCOUNT,
+            "--duration=1h",
+        ],
+        None,
+    )?;
+    let kubeconfig = ws.root().join("serviceaccount.kubeconfig");
+    token_kubeconfig(c, token.trim(), &kubeconfig)?;
+    let sa = format!("system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}");
+    // The token really is the ServiceAccount's, with the base rules and no more.
+    let whoami = kubectl_ok(
+        c,
+        &[
+            &format!("--kubeconfig={}", kubeconfig.display()),
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ],
+        None,
+    )?;
+    ensure!(whoami.trim() == sa, "the token authenticates as {whoami}");
+    for (verb, resource, allowed) in [
+        ("watch", "namespaces", true),
+        ("patch", "nodes", true),
+        ("list", "endpointslices.discovery.k8s.io", true),
+        ("create", "pods", false),
+        ("delete", "pods", false),
+        ("update", "nodes", false),
+        ("get", "secrets", false),
+    ] {
+        let out = c.kubectl(&["auth", "can-i", verb, resource, "-A", "--as", &sa], None)?;
+        let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        ensure!(
+            (answer == "yes") == allowed,
+            "{sa} can-i {verb} {resource}: {answer}, expected {}",
+            if allowed { "yes" } else { "no" }
+        );
+    }
+
+    let t = Instant::now();
+    let mut ns = Nightshift::start(c, "nightshift-rbac", &kubeconfig, &ws.certs(), 0).await?;
+    ws.apply_local_overlay(c, ns.webhook.port())?;
+    ns.wait_ready().await?;
+    eprintln!(
+        "rbac: nightshift as {sa} ready (all caches synced) {:.2} s after start",
+        t.elapsed().as_secs_f64()
+    );
+
+    // Pool controller: takes the Lease (create, then get/update) and writes the spare marks.
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let marked = wait::until(
+        "spare marks on every GPU node, written by nightshift under the ServiceAccount",
+        STEP,
+        || {
+            let running = ns.check_running();
+            let nodes = nodes.clone();
+            async move {
+                running?;
+                let list = nodes
+                    .list(&ListParams::default().labels(POOL_LABEL))
+                    .await?;
+                let marked: Vec<(String, String)> = list
+                    .items
+                    .iter()
+                    .filter_map(|n| {
+                        let l = n.metadata.labels.as_ref()?;
+                        Some((l.get(SPARE)?.clone(), l.get(SPARE_GPUS)?.clone()))
+                    })
+                    .collect();
+                Ok(if marked.len() == GPU_NODES as usize {
+                    Check::Done(marked)
+                } else {
+                    Check::Pending(format!("{} of {GPU_NODES} nodes marked", marked.len()))
+                })
+            }
+        },
+    )
+    .await
+    .with_context(|| format!("end of nightshift's log:\n{}", ns.log_tail(30)))?;
+    for (spare, gpus) in &marked {
+        ensure!(
+            (spare == "true" || spare == "false") && gpus.parse::<u32>().is_ok(),
+            "malformed spare marks {spare:?}/{gpus:?}"
+        );
+    }
+    let lease = Api::<Lease>::namespaced(c.client.clone(), NAMESPACE)
+        .get(LEASE)
+        .await
+        .context("the pool controller's Lease")?;
+    ensure!(
+        lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            .is_some(),
+        "the Lease has no holder: {lease:?}"
+    );
+    let status: serde_json::Value = serde_json::from_str(&ns.admin_get("/status").await?)?;
+    ensure!(
+        status["leader"] == true && status["synced"] == true,
+        "/status: leader {}, synced {}",
+        status["leader"],
+        status["synced"]
+    );
+
+    // Webhook: namespace and PriorityClass caches (list/watch) and a namespace read (get).
+    c.create_namespace(NS, json!({"nightshift.io/research": "true"}))
+        .await?;
+    wait_webhook_active(c, NS).await?;
+    let pod = create_pod(&c.client, NS, research_pod("under-rbac", &[])).await?;
+    assert_marked(&pod, true).context("research pod mutated by nightshift under RBAC")?;
+
+    // Scaler: a trigger naming a Service makes it list/watch that Service's EndpointSlices.
+    // The pods behind it are kwok's (nothing answers on their addresses), so the call itself
+    // fails; what matters is that the API server let nightshift look.
+    let services: Api<Service> = Api::namespaced(c.client.clone(), NS);
+    let svc: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "vllm"},
+        "spec": {"selector": {"app": "vllm"}, "ports": [{"name": "http", "port": 8000}]},
+    }))?;
+    services.create(&PostParams::default(), &svc).await?;
+    let mut scaler = ExternalScalerClient::connect(format!("http://{}", ns.scaler)).await?;
+    let answer = scaler
+        .get_metrics(GetMetricsRequest {
+            scaled_object_ref: Some(ScaledObjectRef {
+                name: "vllm".into(),
+                namespace: NS.into(),
+                scaler_metadata: [("service", "vllm"), ("waitingTarget", "1")]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            }),
+            metric_name: "vllm-demand".into(),
+        })
+        .await;
+    let answer = match answer {
+        Ok(r) => format!("ok: {:?}", r.into_inner()),
+        Err(s) => format!("{:?}: {}", s.code(), s.message()),
+    };
+    eprintln!("rbac: scaler GetMetrics for a Service trigger: {answer}");
+    ensure!(
+        !answer.to_lowercase().contains("forbidden"),
+        "the scaler was refused: {answer}"
+    );
+
+    // The Lease is renewed (update) within a few seconds: wait for one renewal so that every
+    // leader-election verb has been used.
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), NAMESPACE);
+    let first = lease.metadata.resource_version.clone();
+    wait::until("a renewal of the pool controller's Lease", STEP, || async {
+        let l = leases.get(LEASE).await?;
+        Ok(if l.metadata.resource_version != first {
+            Check::Done(())
+        } else {
+            Check::Pending(format!("resourceVersion {first:?}"))
+        })
+    })
+    .await?;
+
+    ns.check_running()?;
+    rbac_matches_audit(c, &sa).await?;
+    let log = ns.log();
+    let refused: Vec<&str> = log
+        .lines()
+        .filter(|l| l.to_lowercase().contains("forbidden"))
+        .collect();
+    ensure!(
+        refused.is_empty(),
+        "nightshift under the ServiceAccount was refused API calls:\n{}",
+        refused.join("\n")
+    );
+    eprintln!(
+        "rbac: webhook, pool controller and scaler work with the base ClusterRole/Role; \
+         {} log lines, no Forbidden",
+        log.lines().count()
+    );
+    Ok(())
+}
+
+/// Rules the base grants, as (API group, resource, verb).
+type Grant = (String, String, String);
+
+/// Compares the API calls nightshift made (the API server's audit log) with the rules of the
+/// base ClusterRole and Role: no call was refused, every call is granted by those rules, and
+/// every granted verb was used, except those that only a situation this scenario does not
+/// create needs.
+async fn rbac_matches_audit(c: &Cluster, sa: &str) -> Result<()> {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
+    use std::collections::BTreeSet;
+    /// A namespace is read directly only when a pod arrives before the namespace is in the
+    /// webhook's cache (created a moment before): not forced here.
+    const NOT_EXERCISED: &[(&str, &str, &str)] = &[("", "namespaces", "get")];
+
+    let expand = |rules: Option<Vec<PolicyRule>>| -> BTreeSet<Grant> {
+        let mut out = BTreeSet::new();
+        for r in rules.unwrap_or_default() {
+            for g in r.api_groups.clone().unwrap_or_default() {
+                for res in r.resources.clone().unwrap_or_default() {
+                    for v in &r.verbs {
+                        out.insert((g.clone(), res.clone(), v.clone()));
+                    }
+                }
+            }
+        }
+        out
+    };
+    let mut granted = expand(
+        Api::<ClusterRole>::all(c.client.clone())
+            .get(SERVICE_ACCOUNT)
+            .await?
+            .rules,
+    );
+    granted.extend(expand(
+        Api::<Role>::namespaced(c.client.clone(), NAMESPACE)
+            .get("nightshift-leader-election")
+            .await?
+            .rules,
+    ));
+
+    let text = std::fs::read_to_string(&c.audit_log)
+        .with_context(|| format!("reading {}", c.audit_log.display()))?;
+    let mut used = BTreeSet::new();
+    let mut refused = Vec::new();
+    let mut calls = 0;
+    for line in text.lines() {
+        let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        // The test's own `kubectl auth whoami` with the token is not nightshift's.
+        let by_kubectl = e["userAgent"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("kubectl"));
+        if e["user"]["username"] != sa || e["objectRef"].is_null() || by_kubectl {
+            continue;
+        }
+        calls += 1;
+        let call: Grant = (
+            e["objectRef"]["apiGroup"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+            e["objectRef"]["resource"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+            e["verb"].as_str().unwrap_or("").to_string(),
+        );
+        if e["responseStatus"]["code"] == 403 {
+            refused.push(format!("{call:?} {}", e["requestURI"]));
+        }
+        used.insert(call);
+    }
+    ensure!(
+        refused.is_empty(),
+        "the API server refused nightshift's calls: {refused:?}"
+    );
+    let beyond: Vec<&Grant> = used.iter().filter(|u| !granted.contains(*u)).collect();
+    ensure!(
+        beyond.is_empty(),
+        "nightshift made calls its ClusterRole/Role do not grant (allowed only by some default \
+         role, which a hardened cluster may not have): {beyond:?}"
+    );
+    let unused: Vec<&Grant> = granted
+        .iter()
+        .filter(|g| !used.contains(*g))
+        .filter(|(g, r, v)| !NOT_EXERCISED.contains(&(g.as_str(), r.as_str(), v.as_str())))
+        .collect();
+    ensure!(
+        unused.is_empty(),
+        "granted but never used by nightshift in this run (remove them, or list why in \
+         NOT_EXERCISED): {unused:?}; used: {used:?}"
+    );
+    let show = |set: &BTreeSet<Grant>| {
+        set.iter()
+            .map(|(g, r, v)| {
+                if g.is_empty() {
+                    format!("{v} {r}")
+                } else {
+                    format!("{v} {r}.{g}")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    eprintln!(
+        "rbac: audit log: {calls} API calls by {sa}, none refused; used: {}; granted: {} \
+         (namespaces get is for cache misses only)",
+        show(&used),
+        granted.len()
+    );
+    Ok(())
+}
