@@ -16,6 +16,7 @@
 pub mod certs;
 pub mod cluster;
 pub mod mutate;
+pub mod pod_fields;
 pub mod review;
 pub mod server;
 pub mod tls;

@@ -777,4 +777,26 @@ proptest! {
         let again = mutate(&patched, NS, &ns, &policy, &classes()).expect("still fine");
         prop_assert!(again.patch.0.is_empty(), "second pass: {}", patch_json(&again));
     }
+
+    #[test]
+    fn the_trimmed_decode_decides_exactly_as_the_whole_pod((ns, mut doc) in arb_case(), noise in any::<bool>()) {
+        if noise {
+            // Fields the decision never reads, as real pods carry them.
+            doc["spec"]["containers"][0]["env"] = json!([{"name": "A", "value": "b"}]);
+            doc["spec"]["containers"][0]["command"] = json!(["python", "train.py"]);
+            doc["spec"]["volumes"] = json!([{"name": "data", "emptyDir": {}}]);
+            doc["spec"]["nodeSelector"] = json!({"zone": "a"});
+            doc["metadata"]["annotations"] = json!({"team": "x"});
+        }
+        let policy = Policy::default();
+        let whole: Pod = serde_json::from_value(doc.clone()).expect("generated pod is valid");
+        let trimmed = serde_json::from_value::<super::super::pod_fields::AdmittedPod>(doc)
+            .expect("trimmed decode")
+            .into_pod();
+        let a = mutate(&whole, NS, &ns, &policy, &classes()).expect("research class exists");
+        let b = mutate(&trimmed, NS, &ns, &policy, &classes()).expect("research class exists");
+        prop_assert_eq!(patch_json(&a), patch_json(&b));
+        prop_assert_eq!(a.warnings, b.warnings);
+        prop_assert_eq!(format!("{:?}", a.selection), format!("{:?}", b.selection));
+    }
 }

@@ -8,7 +8,6 @@
 
 use std::{sync::Arc, time::Instant};
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::core::{
     DynamicObject,
     admission::{
@@ -26,6 +25,7 @@ use super::{
     Error,
     cluster::ClusterView,
     mutate::{Denial, Mutation, Policy, Selection, mutate},
+    pod_fields::AdmittedPod,
 };
 
 /// What happened to one review, for metrics and logs.
@@ -160,16 +160,17 @@ impl Reviewer {
     }
 
     async fn review_inner(&self, body: &[u8]) -> Result<(AdmissionResponse, Outcome), Error> {
-        let request = parse(body)?;
+        let mut request = parse(body)?;
         let response = AdmissionResponse::from(&request);
         let uid = request.uid.clone();
+        let object = request.object.take().map(AdmittedPod::into_pod);
 
         // Only pod creations are marked; anything else the configuration sends is let through
         // unchanged (updates cannot change priority or affinity of a pod anyway).
         if request.operation != Operation::Create || request.sub_resource.is_some() {
             return Ok((response, Outcome::Skipped));
         }
-        let Some(pod) = request.object.as_ref() else {
+        let Some(pod) = object.as_ref() else {
             return Err(Error::MissingObject { uid });
         };
         let Some(namespace) = request
@@ -255,14 +256,14 @@ fn deny(response: AdmissionResponse, denial: &Denial) -> AdmissionResponse {
     response
 }
 
-/// Parses a review. The fast path reads the pod straight into its typed form; only when that
-/// fails is the body parsed again, loosely, to tell the caller precisely what is wrong (and to
-/// echo the uid when there is one).
-fn parse(body: &[u8]) -> Result<AdmissionRequest<Pod>, Error> {
-    let typed_error = match serde_json::from_slice::<AdmissionReview<Pod>>(body) {
+/// Parses a review. The fast path reads the fields of the pod that decisions use straight into
+/// their typed form ([`AdmittedPod`]); only when that fails is the body parsed again, loosely, to
+/// tell the caller precisely what is wrong (and to echo the uid when there is one).
+fn parse(body: &[u8]) -> Result<AdmissionRequest<AdmittedPod>, Error> {
+    let typed_error = match serde_json::from_slice::<AdmissionReview<AdmittedPod>>(body) {
         Ok(review) => {
             check_types(&review.types)?;
-            let request: AdmissionRequest<Pod> =
+            let request: AdmissionRequest<AdmittedPod> =
                 review.try_into().map_err(|_| Error::MissingRequest)?;
             check_request(&request.uid, &request.kind)?;
             return Ok(request);
@@ -308,8 +309,53 @@ fn check_request(uid: &str, kind: &kube::core::GroupVersionKind) -> Result<(), E
     Ok(())
 }
 
+/// The answer as the API server reads it: an `AdmissionReview` whose `response.patch` is base64,
+/// as Go encodes a `[]byte` (kube's own serialisation writes the patch as an array of numbers,
+/// which Go also accepts, at three to four times the size and far more encoding work).
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewOut<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    response: ResponseOut<'a>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ResponseOut<'a> {
+    uid: &'a str,
+    allowed: bool,
+    status: &'a kube::core::Status,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "std::collections::HashMap::is_empty")]
+    audit_annotations: &'a std::collections::HashMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warnings: Option<&'a [String]>,
+}
+
 fn encode(response: AdmissionResponse) -> Result<Vec<u8>, Error> {
-    serde_json::to_vec(&response.into_review()).map_err(|e| Error::Encode(e.to_string()))
+    use base64::Engine as _;
+    let patch = response
+        .patch
+        .as_deref()
+        .map(|p| base64::engine::general_purpose::STANDARD.encode(p));
+    let out = ReviewOut {
+        api_version: META_API_VERSION_V1,
+        kind: META_KIND,
+        response: ResponseOut {
+            uid: &response.uid,
+            allowed: response.allowed,
+            status: &response.result,
+            patch_type: patch.as_ref().map(|_| "JSONPatch"),
+            patch,
+            audit_annotations: &response.audit_annotations,
+            warnings: response.warnings.as_deref(),
+        },
+    };
+    serde_json::to_vec(&out).map_err(|e| Error::Encode(e.to_string()))
 }
 
 impl Error {

@@ -14,7 +14,7 @@ use axum::{
     routing::post,
 };
 use hyper_util::{
-    rt::{TokioExecutor, TokioIo},
+    rt::{TokioExecutor, TokioIo, TokioTimer},
     server::conn::auto,
     service::TowerToHyperService,
 };
@@ -36,6 +36,17 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// After a failed `accept` (e.g. out of file descriptors) wait a little instead of spinning.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
+
+/// HTTP/1.1: how long a connection may take to send a request's headers, counted from when the
+/// server starts waiting for them, so it also closes idle keep-alive connections. Longer than the
+/// 90 s after which Go clients (the API server) drop idle connections themselves, so a healthy
+/// client always closes first and never races a server-side close with a new review.
+const HTTP1_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// HTTP/2 (what the API server negotiates): ping an idle connection this often and close it if
+/// the ping is not answered within [`HTTP2_KEEP_ALIVE_TIMEOUT`], so dead peers do not hold tasks.
+const HTTP2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
+const HTTP2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The webhook's routes: `POST /mutate`, and `GET /readyz` (the process's readiness, so that the
 /// kubelet's HTTPS probe checks this TLS server too). Bodies above `max_body_bytes` get HTTP 413.
@@ -102,7 +113,16 @@ pub async fn serve(
                             return;
                         }
                     };
-                    let builder = auto::Builder::new(TokioExecutor::new());
+                    let mut builder = auto::Builder::new(TokioExecutor::new());
+                    builder
+                        .http1()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(HTTP1_HEADER_READ_TIMEOUT);
+                    builder
+                        .http2()
+                        .timer(TokioTimer::new())
+                        .keep_alive_interval(HTTP2_KEEP_ALIVE_INTERVAL)
+                        .keep_alive_timeout(HTTP2_KEEP_ALIVE_TIMEOUT);
                     let conn = builder.serve_connection(TokioIo::new(tls), TowerToHyperService::new(router));
                     tokio::pin!(conn);
                     tokio::select! {

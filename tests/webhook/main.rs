@@ -37,15 +37,15 @@ fn response_of(body: &str) -> Value {
     review["response"].clone()
 }
 
-/// The patch bytes: kube encodes them as a JSON array of byte values, which the API server's
-/// decoder accepts for a `[]byte` as well as base64 text.
+/// The patch bytes: base64 text, as Go encodes a `[]byte` and the API server expects.
 fn patch_of(response: &Value) -> Value {
-    let bytes: Vec<u8> = match &response["patch"] {
-        Value::String(b64) => base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .expect("patch is base64"),
-        other => serde_json::from_value(other.clone()).expect("patch present as bytes"),
+    assert_eq!(response["patchType"], "JSONPatch", "{response}");
+    let Value::String(b64) = &response["patch"] else {
+        panic!("patch is not a base64 string: {response}");
     };
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .expect("patch is base64");
     serde_json::from_slice(&bytes).expect("patch is JSON")
 }
 
