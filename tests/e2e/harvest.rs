@@ -3,21 +3,18 @@
 //! `DisruptionTarget`/`PreemptionByScheduler`), the research Job replaces them (they wait), inference
 //! scales down and the same Job's pods take the GPUs back.
 
-use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use kube::runtime::watcher;
 use serde_json::json;
 
 use crate::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE};
 use crate::objects::{self, is_bound, is_running};
+use crate::victims::{self, VictimWatch};
 use crate::wait::{self, Check};
 
 const NS: &str = "e2e-harvest";
@@ -57,63 +54,15 @@ pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
         research_n,
         t.elapsed().as_secs_f64()
     );
-    let used = gpus_in_use(&client).await?;
+    let used = victims::gpus_in_use(&client, NS).await?;
     ensure!(
         used == total,
         "expected all {total} GPUs in use, found {used}"
     );
 
-    // Record every research pod that the scheduler marks as a preemption victim: the marked
-    // state is short-lived (kwok finishes the deletion at once), so watch rather than poll.
-    let victims = Arc::new(Mutex::new(BTreeSet::new()));
-    let inference_victims = Arc::new(Mutex::new(BTreeSet::new()));
-    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-    let watch = {
-        let api: Api<Pod> = Api::namespaced(client.clone(), NS);
-        let victims = victims.clone();
-        let inference_victims = inference_victims.clone();
-        tokio::spawn(async move {
-            let mut ready_tx = Some(ready_tx);
-            let mut stream = watcher(api, watcher::Config::default()).boxed();
-            while let Some(Ok(ev)) = stream.next().await {
-                let pod = match ev {
-                    watcher::Event::Apply(p)
-                    | watcher::Event::InitApply(p)
-                    | watcher::Event::Delete(p) => p,
-                    watcher::Event::InitDone => {
-                        if let Some(tx) = ready_tx.take() {
-                            let _ = tx.send(());
-                        }
-                        continue;
-                    }
-                    watcher::Event::Init => continue,
-                };
-                if !objects::preempted_by_scheduler(&pod) {
-                    continue;
-                }
-                let name = pod.metadata.name.clone().unwrap_or_default();
-                let research = pod
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get("role"))
-                    .is_some_and(|r| r == "research");
-                let set = if research {
-                    &victims
-                } else {
-                    &inference_victims
-                };
-                if let Ok(mut s) = set.lock() {
-                    s.insert(name);
-                }
-            }
-        })
-    };
-    // The watch must be established before scaling, or early victims could be missed.
-    tokio::time::timeout(STEP, ready_rx)
-        .await
-        .map_err(|_| anyhow::anyhow!("the pod watch did not start within {STEP:?}"))?
-        .map_err(|_| anyhow::anyhow!("the pod watch ended before it started"))?;
+    // Record every pod the scheduler marks as a preemption victim; the watch is established
+    // before scaling, so no early victim is missed.
+    let victim_watch = VictimWatch::start(&client, NS, STEP).await?;
 
     // Inference scales up: the scheduler must make room by preempting research pods.
     let t_up = Instant::now();
@@ -125,21 +74,9 @@ pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
     let needed = ((INFERENCE_PEAK - INFERENCE_START) as u32 * INFERENCE_GPUS) as usize;
     let research_left = research_n as usize - needed;
     wait_running(&cluster, "role=research", research_left).await?;
-    let n_victims = wait::until(
-        &format!("{needed} research pods marked DisruptionTarget/PreemptionByScheduler"),
-        STEP,
-        || async {
-            let n = victims.lock().map(|s| s.len()).unwrap_or(0);
-            Ok(if n >= needed {
-                Check::Done(n)
-            } else {
-                Check::Pending(format!("{n} victims seen"))
-            })
-        },
-    )
-    .await?;
-    watch.abort();
-    let inference_hit = inference_victims.lock().map(|s| s.len()).unwrap_or(0);
+    let n_victims = victim_watch.wait_research(needed, STEP).await?;
+    let inference_hit = victim_watch.inference();
+    drop(victim_watch);
     ensure!(
         inference_hit == 0,
         "{inference_hit} inference pods were preempted"
@@ -158,7 +95,7 @@ pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
         "{running} research pods running after scale-up, expected {research_left}"
     );
     ensure!(
-        gpus_in_use(&client).await? <= total,
+        victims::gpus_in_use(&client, NS).await? <= total,
         "GPUs over-committed after preemption"
     );
 
@@ -242,23 +179,8 @@ fn indexed_research_job(parallelism: i32) -> Result<Job> {
 }
 
 /// Waits until exactly `n` pods matching `selector` run (and none more are bound).
-pub async fn wait_running(cluster: &Cluster, selector: &str, n: usize) -> Result<()> {
-    let client = cluster.client.clone();
-    wait::until(
-        &format!("{n} running pods with {selector} in {NS}"),
-        STEP,
-        || async {
-            cluster.check_processes()?;
-            let pods = objects::pods(&client, NS, selector).await?;
-            let running = pods.values().filter(|p| is_running(p)).count();
-            Ok(if running == n {
-                Check::Done(())
-            } else {
-                Check::Pending(format!("{running} running of {} pods", pods.len()))
-            })
-        },
-    )
-    .await
+async fn wait_running(cluster: &Cluster, selector: &str, n: usize) -> Result<()> {
+    victims::wait_pods(cluster, NS, selector, n, is_running, STEP).await
 }
 
 async fn wait_bound(cluster: &Cluster, selector: &str, n: usize) -> Result<()> {
@@ -278,14 +200,4 @@ async fn wait_bound(cluster: &Cluster, selector: &str, n: usize) -> Result<()> {
         },
     )
     .await
-}
-
-/// GPUs requested by the bound, non-terminating pods of the namespace.
-async fn gpus_in_use(client: &kube::Client) -> Result<u32> {
-    let pods = objects::pods(client, NS, "").await?;
-    Ok(pods
-        .values()
-        .filter(|p| is_bound(p))
-        .map(objects::gpus_of)
-        .sum())
 }

@@ -7,23 +7,20 @@
 //! Prometheus killed mid-run makes the scaler answer UNAVAILABLE and the replicas stay; Prometheus
 //! restarted, answers recover; dropping the load scales inference down and research pods return.
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, ensure};
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use kube::runtime::watcher;
 use serde_json::{Value, json};
 
 use crate::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE};
 use crate::objects::{self, is_bound, is_running};
 use crate::process::{Process, free_port, tail};
+use crate::victims::{self, VictimWatch};
 use crate::wait::{self, Check};
 
 #[path = "../scaler/emulator.rs"]
@@ -106,16 +103,32 @@ async fn scenario(cluster: &Cluster, dir: &Path) -> Result<()> {
             &objects::inference_deployment(DEPLOYMENT, LOW_REPLICAS, INFERENCE_GPUS)?,
         )
         .await?;
-    wait_pods(cluster, "role=inference", LOW_REPLICAS as usize, is_running).await?;
+    victims::wait_pods(
+        cluster,
+        NS,
+        "role=inference",
+        LOW_REPLICAS as usize,
+        is_running,
+        STEP,
+    )
+    .await?;
     let jobs: Api<Job> = Api::namespaced(client.clone(), NS);
     jobs.create(
         &PostParams::default(),
         &objects::research_job("research", RESEARCH_PODS, true)?,
     )
     .await?;
-    wait_pods(cluster, "role=research", research_full, is_running).await?;
+    victims::wait_pods(
+        cluster,
+        NS,
+        "role=research",
+        research_full,
+        is_running,
+        STEP,
+    )
+    .await?;
     ensure!(
-        gpus_in_use(&client).await? == total,
+        victims::gpus_in_use(&client, NS).await? == total,
         "expected all {total} GPUs in use before the load rises"
     );
 
@@ -140,24 +153,40 @@ async fn scenario(cluster: &Cluster, dir: &Path) -> Result<()> {
     );
 
     // Load rises: replicas rise, the scheduler preempts research pods for them.
-    let victims = VictimWatch::start(&client).await?;
+    let victim_watch = VictimWatch::start(&client, NS, STEP).await?;
     let t_rise = Instant::now();
     emu.set(0, |e| e.waiting = HIGH_LOAD);
     wait_replicas(cluster, &deployments, HIGH_REPLICAS).await?;
     let to_scaled = t_rise.elapsed();
-    wait_pods(cluster, "role=inference", HIGH_REPLICAS as usize, is_bound).await?;
+    victims::wait_pods(
+        cluster,
+        NS,
+        "role=inference",
+        HIGH_REPLICAS as usize,
+        is_bound,
+        STEP,
+    )
+    .await?;
     let to_bound = t_rise.elapsed();
     let needed = ((HIGH_REPLICAS - LOW_REPLICAS) as u32 * INFERENCE_GPUS) as usize;
     let research_left = research_full - needed;
-    wait_pods(cluster, "role=research", research_left, is_running).await?;
-    let n_victims = victims.wait_research(needed).await?;
+    victims::wait_pods(
+        cluster,
+        NS,
+        "role=research",
+        research_left,
+        is_running,
+        STEP,
+    )
+    .await?;
+    let n_victims = victim_watch.wait_research(needed, STEP).await?;
     ensure!(
-        victims.inference() == 0,
+        victim_watch.inference() == 0,
         "{} inference pods were preempted",
-        victims.inference()
+        victim_watch.inference()
     );
     ensure!(
-        gpus_in_use(&client).await? <= total,
+        victims::gpus_in_use(&client, NS).await? <= total,
         "GPUs over-committed after preemption"
     );
     eprintln!(
@@ -267,8 +296,24 @@ async fn scenario(cluster: &Cluster, dir: &Path) -> Result<()> {
     emu.set(0, |e| e.waiting = LOW_LOAD);
     wait_replicas(cluster, &deployments, LOW_REPLICAS).await?;
     let to_down = t_drop.elapsed();
-    wait_pods(cluster, "role=inference", LOW_REPLICAS as usize, is_running).await?;
-    wait_pods(cluster, "role=research", research_full, is_running).await?;
+    victims::wait_pods(
+        cluster,
+        NS,
+        "role=inference",
+        LOW_REPLICAS as usize,
+        is_running,
+        STEP,
+    )
+    .await?;
+    victims::wait_pods(
+        cluster,
+        NS,
+        "role=research",
+        research_full,
+        is_running,
+        STEP,
+    )
+    .await?;
     let to_research = t_drop.elapsed();
     let research = objects::pods(&client, NS, "role=research").await?;
     ensure!(
@@ -279,7 +324,7 @@ async fn scenario(cluster: &Cluster, dir: &Path) -> Result<()> {
         "a research pod runs outside the GPU pool"
     );
     ensure!(
-        gpus_in_use(&client).await? == total,
+        victims::gpus_in_use(&client, NS).await? == total,
         "expected all {total} GPUs in use again"
     );
     eprintln!(
@@ -726,126 +771,4 @@ async fn wait_replicas(cluster: &Cluster, deployments: &Api<Deployment>, want: i
         },
     )
     .await
-}
-
-/// Waits until exactly `n` pods matching `selector` satisfy `state`.
-async fn wait_pods(
-    cluster: &Cluster,
-    selector: &str,
-    n: usize,
-    state: fn(&Pod) -> bool,
-) -> Result<()> {
-    let client = cluster.client.clone();
-    wait::until(
-        &format!("{n} pods with {selector} in {NS}"),
-        STEP,
-        || async {
-            cluster.check_processes()?;
-            let pods = objects::pods(&client, NS, selector).await?;
-            let matching = pods.values().filter(|p| state(p)).count();
-            Ok(if matching == n {
-                Check::Done(())
-            } else {
-                Check::Pending(format!("{matching} of {} pods", pods.len()))
-            })
-        },
-    )
-    .await
-}
-
-/// GPUs requested by the bound, non-terminating pods of the namespace.
-async fn gpus_in_use(client: &kube::Client) -> Result<u32> {
-    let pods = objects::pods(client, NS, "").await?;
-    Ok(pods
-        .values()
-        .filter(|p| is_bound(p))
-        .map(objects::gpus_of)
-        .sum())
-}
-
-/// Records every pod the scheduler marks as a preemption victim. The mark is short-lived (kwok
-/// finishes deletions at once), so it is watched, not polled.
-struct VictimWatch {
-    research: Arc<Mutex<BTreeSet<String>>>,
-    inference: Arc<Mutex<BTreeSet<String>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for VictimWatch {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl VictimWatch {
-    /// Starts watching pods of the namespace and returns once the watch is established.
-    async fn start(client: &kube::Client) -> Result<Self> {
-        let research = Arc::new(Mutex::new(BTreeSet::new()));
-        let inference = Arc::new(Mutex::new(BTreeSet::new()));
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let api: Api<Pod> = Api::namespaced(client.clone(), NS);
-        let (r, i) = (research.clone(), inference.clone());
-        let task = tokio::spawn(async move {
-            let mut ready_tx = Some(ready_tx);
-            let mut stream = watcher(api, watcher::Config::default()).boxed();
-            while let Some(Ok(ev)) = stream.next().await {
-                let pod = match ev {
-                    watcher::Event::Apply(p)
-                    | watcher::Event::InitApply(p)
-                    | watcher::Event::Delete(p) => p,
-                    watcher::Event::InitDone => {
-                        if let Some(tx) = ready_tx.take() {
-                            let _ = tx.send(());
-                        }
-                        continue;
-                    }
-                    watcher::Event::Init => continue,
-                };
-                if !objects::preempted_by_scheduler(&pod) {
-                    continue;
-                }
-                let is_research = pod
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get("role"))
-                    .is_some_and(|r| r == "research");
-                let set = if is_research { &r } else { &i };
-                if let Ok(mut s) = set.lock() {
-                    s.insert(pod.metadata.name.clone().unwrap_or_default());
-                }
-            }
-        });
-        let watch = Self {
-            research,
-            inference,
-            task,
-        };
-        tokio::time::timeout(STEP, ready_rx)
-            .await
-            .map_err(|_| anyhow!("the pod watch did not start within {STEP:?}"))?
-            .map_err(|_| anyhow!("the pod watch ended before it started"))?;
-        Ok(watch)
-    }
-
-    fn inference(&self) -> usize {
-        self.inference.lock().map(|s| s.len()).unwrap_or(0)
-    }
-
-    /// Waits until at least `n` research pods were marked, and returns how many.
-    async fn wait_research(&self, n: usize) -> Result<usize> {
-        wait::until(
-            &format!("{n} research pods marked DisruptionTarget/PreemptionByScheduler"),
-            STEP,
-            || async {
-                let seen = self.research.lock().map(|s| s.len()).unwrap_or(0);
-                Ok(if seen >= n {
-                    Check::Done(seen)
-                } else {
-                    Check::Pending(format!("{seen} victims seen"))
-                })
-            },
-        )
-        .await
-    }
 }

@@ -21,6 +21,7 @@ mod objects;
 mod process;
 mod rbac;
 mod scrape;
+mod victims;
 mod wait;
 
 use std::process::ExitCode;
