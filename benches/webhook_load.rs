@@ -9,6 +9,8 @@
 //!
 //! Under `cargo test` (no `--bench` argument) it only checks that a few reviews succeed.
 
+#[path = "support/localhost_cert.rs"]
+mod localhost_cert;
 #[path = "support/pod.rs"]
 mod pod;
 
@@ -18,7 +20,7 @@ use std::{
 };
 
 use nightshift::webhook::{
-    certs::{self, GenerateArgs},
+    certs,
     cluster::FixedCluster,
     mutate::Policy,
     review::{Metrics, Reviewer},
@@ -49,22 +51,7 @@ async fn main() {
     nightshift::install_crypto_provider();
     let full = std::env::args().any(|a| a == "--bench");
     let dir = tempfile::tempdir().expect("tempdir");
-    let args = GenerateArgs {
-        dir: dir.path().to_path_buf(),
-        service: "nightshift".into(),
-        namespace: "nightshift-system".into(),
-        dns_names: vec!["localhost".into()],
-        ips: vec!["127.0.0.1".parse().expect("ip")],
-        days: 1,
-        ca_days: 2,
-        new_ca: false,
-    };
-    certs::generate(&args).expect("certs");
-    let cert = tls::ReloadingCert::load(
-        &dir.path().join(certs::TLS_CERT),
-        &dir.path().join(certs::TLS_KEY),
-    )
-    .expect("cert");
+    let (_, cert) = localhost_cert::generate(dir.path());
     let config = tls::server_config(cert).expect("tls");
     let reviewer = Reviewer {
         policy: Arc::new(Policy::default()),

@@ -1,6 +1,9 @@
 //! A webhook server on a free loopback port with freshly generated certificates, stopped when
 //! the test ends.
 
+#[path = "../../benches/support/localhost_cert.rs"]
+mod localhost_cert;
+
 use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 
 use nightshift::webhook::{
@@ -57,22 +60,7 @@ impl Server {
     pub async fn start_with(cluster: Arc<dyn ClusterView>) -> Self {
         nightshift::install_crypto_provider();
         let dir = tempfile::tempdir().expect("tempdir");
-        let cert_args = GenerateArgs {
-            dir: dir.path().to_path_buf(),
-            service: "nightshift".into(),
-            namespace: "nightshift-system".into(),
-            dns_names: vec!["localhost".into()],
-            ips: vec!["127.0.0.1".parse().expect("ip")],
-            days: 1,
-            ca_days: 2,
-            new_ca: false,
-        };
-        certs::generate(&cert_args).expect("certificates generated");
-        let cert = tls::ReloadingCert::load(
-            &dir.path().join(certs::TLS_CERT),
-            &dir.path().join(certs::TLS_KEY),
-        )
-        .expect("certificate loads");
+        let (cert_args, cert) = localhost_cert::generate(dir.path());
         let config = tls::server_config(cert.clone()).expect("tls config");
         let metrics = Metrics::default();
         let reviewer = Reviewer {
