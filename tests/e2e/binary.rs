@@ -435,6 +435,28 @@ pub fn kubectl_ok(cluster: &Cluster, args: &[&str], stdin: Option<&str>) -> Resu
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The pool controller's spare marks on GPU nodes.
+pub const SPARE: &str = "nightshift.io/spare";
+pub const SPARE_GPUS: &str = "nightshift.io/spare-gpus";
+
+/// Removes the spare marks from every GPU-pool node (as if someone had), so that a scenario can
+/// check that nightshift writes them again.
+pub fn remove_spare_marks(cluster: &Cluster) -> Result<()> {
+    kubectl_ok(
+        cluster,
+        &[
+            "label",
+            "nodes",
+            "-l",
+            POOL_LABEL,
+            &format!("{SPARE}-"),
+            &format!("{SPARE_GPUS}-"),
+        ],
+        None,
+    )?;
+    Ok(())
+}
+
 /// Writes a kubeconfig for the test API server (address and CA from the administrator's) that
 /// authenticates with `token`.
 pub fn token_kubeconfig(cluster: &Cluster, token: &str, path: &Path) -> Result<()> {

@@ -19,16 +19,14 @@ use crate::admission::{
     assert_marked, assert_untouched, create_pod, deploy, research_pod, wait_webhook_active,
 };
 use crate::binary::{
-    self, ADMISSION_POLICY, Nightshift, WEBHOOK_CONFIG, generate_certs, kubectl_ok,
-    serves_current_certificate,
+    self, ADMISSION_POLICY, Nightshift, SPARE, SPARE_GPUS, WEBHOOK_CONFIG, generate_certs,
+    kubectl_ok, remove_spare_marks, serves_current_certificate,
 };
 use crate::cluster::{Cluster, GPU_NODES, POOL_LABEL};
 use crate::wait::{self, Check};
 
 const RESEARCH_NS: &str = "e2e-failure-research";
 const PLAIN_NS: &str = "e2e-failure-plain";
-const SPARE: &str = "nightshift.io/spare";
-const SPARE_GPUS: &str = "nightshift.io/spare-gpus";
 /// Certificate rotations during the stream of pod creations.
 const ROTATIONS: usize = 3;
 /// Pods created after each rotation was picked up, before the next one: the new certificate
@@ -220,18 +218,7 @@ async fn scenario(c: &Cluster) -> Result<()> {
     );
 
     // While it is down, the spare marks are lost (as if someone removed them).
-    kubectl_ok(
-        c,
-        &[
-            "label",
-            "nodes",
-            "-l",
-            POOL_LABEL,
-            &format!("{SPARE}-"),
-            &format!("{SPARE_GPUS}-"),
-        ],
-        None,
-    )?;
+    remove_spare_marks(c)?;
 
     // 4. Restart on the same port (the registered URL): everything recovers.
     let t = Instant::now();

@@ -18,15 +18,14 @@ use serde_json::json;
 
 use crate::admission::{assert_marked, create_pod, research_pod, wait_webhook_active};
 use crate::binary::{
-    self, NAMESPACE, Nightshift, Registration, Workspace, kubectl_ok, token_kubeconfig,
+    self, NAMESPACE, Nightshift, Registration, SPARE, SPARE_GPUS, Workspace, kubectl_ok,
+    remove_spare_marks, token_kubeconfig,
 };
 use crate::cluster::{Cluster, GPU_NODES, POOL_LABEL};
 use crate::wait::{self, Check};
 
 const NS: &str = "e2e-rbac";
 const SERVICE_ACCOUNT: &str = "nightshift";
-const SPARE: &str = "nightshift.io/spare";
-const SPARE_GPUS: &str = "nightshift.io/spare-gpus";
 const LEASE: &str = "nightshift-pool";
 /// Far above the second the pool controller needs to write marks after its caches sync.
 const STEP: Duration = Duration::from_secs(60);
@@ -47,18 +46,7 @@ async fn scenario(c: &Cluster) -> Result<()> {
     // once nightshift has reported its port.
     ws.apply_local_overlay(c, PLACEHOLDER_PORT)?;
     // Start from nothing nightshift wrote before: no spare marks, no Lease.
-    kubectl_ok(
-        c,
-        &[
-            "label",
-            "nodes",
-            "-l",
-            POOL_LABEL,
-            &format!("{SPARE}-"),
-            &format!("{SPARE_GPUS}-"),
-        ],
-        None,
-    )?;
+    remove_spare_marks(c)?;
     kubectl_ok(
         c,
         &[
