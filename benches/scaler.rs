@@ -3,7 +3,10 @@
 //! Starts the real `nightshift scaler` binary on loopback against an in-process Prometheus
 //! stand-in that counts queries, then reports:
 //! - idle RSS of the server;
-//! - cached `GetMetrics` round-trip p50/p99 with 1 and 64 concurrent clients;
+//! - cached `GetMetrics` round-trip p50/p99 with 1 and 64 concurrent clients, and the server's CPU
+//!   time per call;
+//! - the same for the stock `grpc.health.v1` `Check` on the same server and connection: the
+//!   gRPC transport's floor on this machine, so that the scaler's own share shows;
 //! - upstream queries per polling round with 1,000 ScaledObjects, and RSS after that load.
 
 use std::{
@@ -27,6 +30,7 @@ use nightshift::scaler::service::proto::{
     GetMetricsRequest, ScaledObjectRef, external_scaler_client::ExternalScalerClient,
 };
 use tonic::transport::Channel;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 /// ScaledObjects (and models) in the load phase.
 const SCALED_OBJECTS: usize = 1000;
@@ -61,7 +65,7 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-async fn start_server(ttl: &str) -> (Server, ExternalScalerClient<Channel>) {
+async fn start_server(ttl: &str) -> (Server, Channel) {
     let grpc = free_port();
     let admin = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_nightshift"))
@@ -84,8 +88,9 @@ async fn start_server(ttl: &str) -> (Server, ExternalScalerClient<Channel>) {
     let server = Server(child);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Ok(c) = ExternalScalerClient::connect(format!("http://127.0.0.1:{grpc}")).await {
-            return (server, c);
+        let endpoint = Channel::from_shared(format!("http://127.0.0.1:{grpc}")).expect("uri");
+        if let Ok(channel) = endpoint.connect().await {
+            return (server, channel);
         }
         assert!(Instant::now() < deadline, "server did not start");
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -153,18 +158,72 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[idx.min(sorted.len() - 1)]
 }
 
-async fn latency(client: &ExternalScalerClient<Channel>, prom: SocketAddr, concurrency: usize) {
+/// One kind of round trip the latency runs time.
+#[derive(Clone)]
+enum Rpc {
+    /// A `GetMetrics` answered from the scaler's cache (the fake Prometheus's address; each
+    /// client asks for its own ScaledObject).
+    GetMetrics(SocketAddr),
+    /// The stock health service's `Check`: no scaler code, only the gRPC stack.
+    HealthCheck,
+}
+
+impl Rpc {
+    async fn call(&self, channel: &Channel, client: usize) {
+        match self {
+            Self::GetMetrics(prom) => {
+                ExternalScalerClient::new(channel.clone())
+                    .get_metrics(request(*prom, client % SCALED_OBJECTS))
+                    .await
+                    .expect("GetMetrics");
+            }
+            Self::HealthCheck => {
+                HealthClient::new(channel.clone())
+                    .check(HealthCheckRequest::default())
+                    .await
+                    .expect("Check");
+            }
+        }
+    }
+}
+
+/// CPU seconds (user + system) the process `pid` has used so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    // /proc reports times in USER_HZ, which Linux fixes at 100 per second for user space.
+    const TICKS_PER_SECOND: f64 = 100.0;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the parenthesised command: state is the 1st, utime the 12th, stime the 13th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (field(11) + field(12)) as f64 / TICKS_PER_SECOND
+}
+
+async fn latency(server: &Server, channel: &Channel, rpc: Rpc, concurrency: usize) {
+    let label = match rpc {
+        Rpc::GetMetrics(_) => "cached GetMetrics",
+        Rpc::HealthCheck => "health Check (transport floor)",
+    };
+    let cpu_before = cpu_seconds(server.0.id());
     let mut tasks = Vec::new();
-    for t in 0..concurrency {
-        // One connection per client, as separate KEDA operator replicas would have.
-        let mut c = client.clone();
-        let req = request(prom, t % SCALED_OBJECTS);
+    for client in 0..concurrency {
+        // All clients share one HTTP/2 connection, as KEDA's operator shares one connection
+        // among the ScaledObjects that name the same scalerAddress and TLS settings.
+        let (channel, rpc) = (channel.clone(), rpc.clone());
         tasks.push(tokio::spawn(async move {
             let calls = (CALLS_PER_RUN / concurrency).max(200);
             let mut samples = Vec::with_capacity(calls);
             for _ in 0..calls {
                 let started = Instant::now();
-                c.get_metrics(req.clone()).await.expect("GetMetrics");
+                rpc.call(&channel, client).await;
                 samples.push(started.elapsed());
             }
             samples
@@ -174,12 +233,14 @@ async fn latency(client: &ExternalScalerClient<Channel>, prom: SocketAddr, concu
     for t in tasks {
         all.extend(t.await.expect("join"));
     }
+    let cpu = cpu_seconds(server.0.id()) - cpu_before;
     all.sort();
     println!(
-        "cached GetMetrics, {concurrency:>2} concurrent client(s): p50 {:>7.1} µs  p99 {:>7.1} µs  ({} calls)",
+        "{label}, {concurrency:>2} concurrent client(s): p50 {:>7.1} µs  p99 {:>7.1} µs  ({} calls; server CPU {:.0} µs per call)",
         percentile(&all, 0.50).as_secs_f64() * 1e6,
         percentile(&all, 0.99).as_secs_f64() * 1e6,
-        all.len()
+        all.len(),
+        cpu / all.len() as f64 * 1e6,
     );
 }
 
@@ -189,21 +250,22 @@ async fn run() {
     let prom = fake_prometheus(queries.clone()).await;
 
     // Latency with a cache that never expires during the run.
-    let (server, client) = start_server("1h").await;
+    let (server, channel) = start_server("1h").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     println!(
         "idle RSS: {:.1} MiB",
         rss_kib(server.0.id()) as f64 / 1024.0
     );
     for i in 0..64 {
-        client
-            .clone()
+        ExternalScalerClient::new(channel.clone())
             .get_metrics(request(prom, i))
             .await
             .expect("warm");
     }
-    latency(&client, prom, 1).await;
-    latency(&client, prom, 64).await;
+    for concurrency in [1, 64] {
+        latency(&server, &channel, Rpc::GetMetrics(prom), concurrency).await;
+        latency(&server, &channel, Rpc::HealthCheck, concurrency).await;
+    }
     println!(
         "RSS after latency runs: {:.1} MiB",
         rss_kib(server.0.id()) as f64 / 1024.0
@@ -212,7 +274,8 @@ async fn run() {
 
     // 1,000 ScaledObjects, each polling GetMetrics then IsActive like KEDA, for 3 rounds
     // spaced by the default 1 s cache TTL.
-    let (server, client) = start_server("1s").await;
+    let (server, channel) = start_server("1s").await;
+    let client = ExternalScalerClient::new(channel);
     let rounds = 3;
     queries.store(0, Ordering::SeqCst);
     for _ in 0..rounds {
