@@ -9,6 +9,9 @@
 //!   gRPC transport's floor on this machine, so that the scaler's own share shows;
 //! - upstream queries per polling round with 1,000 ScaledObjects, and RSS after that load.
 
+#[path = "support/cpu_time.rs"]
+mod cpu_time;
+
 use std::{
     collections::HashMap,
     net::SocketAddr,
@@ -26,6 +29,7 @@ use axum::{
     http::header::CONTENT_TYPE,
     routing::get,
 };
+use cpu_time::cpu_seconds;
 use nightshift::scaler::service::proto::{
     GetMetricsRequest, ScaledObjectRef, external_scaler_client::ExternalScalerClient,
 };
@@ -45,6 +49,11 @@ impl Drop for Server {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// The `stat` file of process `pid`.
+fn proc_stat(pid: u32) -> std::path::PathBuf {
+    format!("/proc/{pid}/stat").into()
 }
 
 fn free_port() -> u16 {
@@ -187,32 +196,12 @@ impl Rpc {
     }
 }
 
-/// CPU seconds (user + system) the process `pid` has used so far.
-fn cpu_seconds(pid: u32) -> f64 {
-    // /proc reports times in USER_HZ, which Linux fixes at 100 per second for user space.
-    const TICKS_PER_SECOND: f64 = 100.0;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the parenthesised command: state is the 1st, utime the 12th, stime the 13th.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let field = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    (field(11) + field(12)) as f64 / TICKS_PER_SECOND
-}
-
 async fn latency(server: &Server, channel: &Channel, rpc: Rpc, concurrency: usize) {
     let label = match rpc {
         Rpc::GetMetrics(_) => "cached GetMetrics",
         Rpc::HealthCheck => "health Check (transport floor)",
     };
-    let cpu_before = cpu_seconds(server.0.id());
+    let cpu_before = cpu_seconds(&proc_stat(server.0.id()));
     let mut tasks = Vec::new();
     for client in 0..concurrency {
         // All clients share one HTTP/2 connection, as KEDA's operator shares one connection
@@ -233,7 +222,7 @@ async fn latency(server: &Server, channel: &Channel, rpc: Rpc, concurrency: usiz
     for t in tasks {
         all.extend(t.await.expect("join"));
     }
-    let cpu = cpu_seconds(server.0.id()) - cpu_before;
+    let cpu = cpu_seconds(&proc_stat(server.0.id())) - cpu_before;
     all.sort();
     println!(
         "{label}, {concurrency:>2} concurrent client(s): p50 {:>7.1} µs  p99 {:>7.1} µs  ({} calls; server CPU {:.0} µs per call)",

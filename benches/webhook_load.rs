@@ -13,6 +13,8 @@
 //!
 //! Under `cargo test` (no `--bench` argument) it only checks that a few reviews succeed.
 
+#[path = "support/cpu_time.rs"]
+mod cpu_time;
 #[path = "support/localhost_cert.rs"]
 mod localhost_cert;
 #[path = "support/pod.rs"]
@@ -213,36 +215,17 @@ fn transport_floor_router() -> axum::Router {
 
 /// CPU seconds (user + system) used so far by this process's threads named `SERVER_THREAD`.
 fn server_cpu_seconds() -> f64 {
-    // /proc reports times in USER_HZ, which Linux fixes at 100 per second for user space.
-    const TICKS_PER_SECOND: f64 = 100.0;
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return 0.0;
     };
-    let ticks: u64 = tasks
+    tasks
         .flatten()
         .filter(|t| {
             std::fs::read_to_string(t.path().join("comm"))
                 .is_ok_and(|c| c.trim_end().starts_with(SERVER_THREAD))
         })
-        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
-        .map(|stat| {
-            // Fields after the parenthesised command: state is the 1st, utime the 12th,
-            // stime the 13th.
-            let fields: Vec<&str> = stat
-                .rsplit_once(')')
-                .map_or("", |(_, rest)| rest)
-                .split_whitespace()
-                .collect();
-            let field = |i: usize| {
-                fields
-                    .get(i)
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0)
-            };
-            field(11) + field(12)
-        })
-        .sum();
-    ticks as f64 / TICKS_PER_SECOND
+        .map(|t| cpu_time::cpu_seconds(&t.path().join("stat")))
+        .sum()
 }
 
 /// A fixed request rate spread over `CONNECTIONS` keep-alive connections.
