@@ -17,7 +17,7 @@ use kube::config::Kubeconfig;
 
 use crate::cluster::{Cluster, POOL, POOL_LABEL};
 use crate::process::{Process, tail};
-use crate::wait::{self, Check};
+use crate::wait;
 
 /// The binary under test, built by cargo for this test target.
 pub const BIN: &str = env!("CARGO_BIN_EXE_nightshift");
@@ -195,24 +195,14 @@ impl Nightshift {
     pub async fn wait_ready(&mut self) -> Result<Duration> {
         let t = Instant::now();
         let url = format!("http://{}/readyz", self.admin);
-        let http = self.http.clone();
         let proc = &mut self.proc;
-        wait::until(&format!("{url} to answer 200"), START_TIMEOUT, || {
-            let running = proc.check_running();
-            let http = http.clone();
-            let url = url.clone();
-            async move {
-                running?;
-                let resp = http.get(&url).send().await?;
-                let status = resp.status();
-                let body = resp.text().await.unwrap_or_default();
-                Ok(if status.is_success() {
-                    Check::Done(())
-                } else {
-                    Check::Pending(format!("{status}: {}", body.trim()))
-                })
-            }
-        })
+        wait::http_ok(
+            &format!("{url} to answer 200"),
+            &self.http,
+            &url,
+            START_TIMEOUT,
+            || proc.check_running(),
+        )
         .await
         .with_context(|| format!("end of the log:\n{}", self.log_tail(30)))?;
         Ok(t.elapsed())

@@ -535,21 +535,14 @@ impl Prometheus {
 
     async fn wait_ready(&self) -> Result<()> {
         let url = format!("{}/-/ready", self.address());
-        let http = reqwest::Client::new();
-        wait::until("Prometheus /-/ready", STEP, || async {
-            if let Some(p) = self.lock()?.as_mut() {
-                p.check_running()?;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(1))
+            .build()?;
+        wait::http_ok("Prometheus /-/ready", &http, &url, STEP, || {
+            match self.lock()?.as_mut() {
+                Some(p) => p.check_running(),
+                None => Ok(()),
             }
-            let r = http
-                .get(&url)
-                .timeout(Duration::from_secs(1))
-                .send()
-                .await?;
-            Ok(if r.status().is_success() {
-                Check::Done(())
-            } else {
-                Check::Pending(r.status().to_string())
-            })
         })
         .await
     }
@@ -592,22 +585,14 @@ impl Scaler {
 
     async fn wait_ready(&self) -> Result<()> {
         let url = format!("http://{}/readyz", self.admin_addr);
-        let http = reqwest::Client::new();
-        wait::until("nightshift scaler /readyz", STEP, || async {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(1))
+            .build()?;
+        wait::http_ok("nightshift scaler /readyz", &http, &url, STEP, || {
             self.process
                 .lock()
                 .map_err(|_| anyhow!("poisoned"))?
-                .check_running()?;
-            let r = http
-                .get(&url)
-                .timeout(Duration::from_secs(1))
-                .send()
-                .await?;
-            Ok(if r.status().is_success() {
-                Check::Done(())
-            } else {
-                Check::Pending(r.status().to_string())
-            })
+                .check_running()
         })
         .await
     }

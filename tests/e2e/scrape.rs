@@ -346,19 +346,11 @@ impl ScalerProcess {
 
     async fn wait_ready(&self) -> Result<()> {
         let url = format!("http://{}/readyz", self.admin_addr);
-        let http = reqwest::Client::new();
-        wait::until("nightshift scaler /readyz", STEP, || async {
-            self.check_running()?;
-            let r = http
-                .get(&url)
-                .timeout(Duration::from_secs(1))
-                .send()
-                .await?;
-            Ok(if r.status().is_success() {
-                Check::Done(())
-            } else {
-                Check::Pending(r.status().to_string())
-            })
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(1))
+            .build()?;
+        wait::http_ok("nightshift scaler /readyz", &http, &url, STEP, || {
+            self.check_running()
         })
         .await
     }

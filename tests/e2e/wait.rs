@@ -37,3 +37,30 @@ where
         tokio::time::sleep(POLL).await;
     }
 }
+
+/// Polls `url` with `http` until it answers a success status or `timeout` passes. `alive` runs
+/// before each request, so that a server process that exited fails the wait with its own error
+/// instead of a connection refusal.
+pub async fn http_ok(
+    what: &str,
+    http: &reqwest::Client,
+    url: &str,
+    timeout: Duration,
+    mut alive: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    until(what, timeout, || {
+        let running = alive();
+        async move {
+            running?;
+            let resp = http.get(url).send().await?;
+            let status = resp.status();
+            let body = resp.text().await.unwrap_or_default();
+            Ok(if status.is_success() {
+                Check::Done(())
+            } else {
+                Check::Pending(format!("{status}: {}", body.trim()))
+            })
+        }
+    })
+    .await
+}
