@@ -7,7 +7,9 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::{
     admin::AdminArgs,
-    cluster, pool,
+    cluster,
+    duration::parse_duration,
+    pool,
     runtime::Context,
     scaler::{self, ScalerArgs},
     sim::SimArgs,
@@ -119,15 +121,6 @@ pub struct ShutdownArgs {
     /// Time given to in-flight requests after SIGTERM before the process exits (e.g. `20s`).
     #[arg(long, env = "NIGHTSHIFT_DRAIN_TIMEOUT", default_value = "20s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
-}
-
-/// Parses a human-friendly duration such as `500ms`, `30s`, `2m` or `1h 30m`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let signed: jiff::SignedDuration = s
-        .trim()
-        .parse()
-        .map_err(|e| format!("{s:?} is not a duration (try 500ms, 30s, 2m): {e}"))?;
-    Duration::try_from(signed).map_err(|_| format!("{s:?} must not be negative"))
 }
 
 impl Cli {
@@ -250,14 +243,5 @@ mod tests {
     fn cli_definition_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn durations_parse_in_friendly_units() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("-5s").is_err());
     }
 }

@@ -17,6 +17,7 @@
 pub mod admin;
 pub mod cli;
 pub mod cluster;
+pub mod duration;
 pub mod pool;
 pub mod runtime;
 pub mod scaler;

@@ -127,7 +127,7 @@ pub struct PoolArgs {
     pub identity: Option<String>,
 
     /// How long a silent leader keeps the Lease before a standby takes over (e.g. `15s`).
-    #[arg(long = "pool-lease-duration", env = "NIGHTSHIFT_POOL_LEASE_DURATION", default_value = "15s", value_parser = crate::cli::parse_duration)]
+    #[arg(long = "pool-lease-duration", env = "NIGHTSHIFT_POOL_LEASE_DURATION", default_value = "15s", value_parser = crate::duration::parse_duration)]
     pub lease_duration: Duration,
 }
 

@@ -207,7 +207,7 @@ impl<'a> Reader<'a> {
         let Some(raw) = self.text(key) else {
             return default;
         };
-        match crate::cli::parse_duration(raw) {
+        match crate::duration::parse_duration(raw) {
             Ok(d) if d.is_zero() => {
                 self.bad(key, "must be longer than zero");
                 default

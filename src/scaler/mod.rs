@@ -44,11 +44,11 @@ pub struct ScalerArgs {
 
     /// How long an upstream answer (Prometheus query, pod scrape pass) is reused. Every
     /// ScaledObject polling within this time shares one upstream request per metric family.
-    #[arg(long, env = "NIGHTSHIFT_SCALER_CACHE_TTL", default_value = "1s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, env = "NIGHTSHIFT_SCALER_CACHE_TTL", default_value = "1s", value_parser = crate::duration::parse_duration)]
     pub scaler_cache_ttl: Duration,
 
     /// How often a `StreamIsActive` stream re-evaluates (it sends only on transitions).
-    #[arg(long, env = "NIGHTSHIFT_SCALER_STREAM_INTERVAL", default_value = "5s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, env = "NIGHTSHIFT_SCALER_STREAM_INTERVAL", default_value = "5s", value_parser = crate::duration::parse_duration)]
     pub scaler_stream_interval: Duration,
 
     /// PEM certificate chain for serving gRPC over TLS (with --scaler-tls-key); re-read when it
@@ -70,7 +70,7 @@ pub struct ScalerArgs {
     pub scaler_tls_client_ca: Option<PathBuf>,
 
     /// How often the TLS files are checked for rotation.
-    #[arg(long, env = "NIGHTSHIFT_SCALER_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, env = "NIGHTSHIFT_SCALER_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = crate::duration::parse_duration)]
     pub scaler_tls_reload_interval: Duration,
 }
 

@@ -25,7 +25,7 @@ use std::{collections::BTreeSet, net::SocketAddr, path::PathBuf, sync::Arc, time
 
 use clap::{ArgAction, Args};
 
-use crate::{cli::parse_duration, runtime::Context};
+use crate::{duration::parse_duration, runtime::Context};
 use mutate::{Policy, PoolSelector, PoolTaint, SparePreference};
 
 /// Errors of the webhook. Request errors become HTTP 400 or invalid-request responses in one
