@@ -1,12 +1,15 @@
 //! The deployment manifests: every kustomization under `manifests/` renders with a real
 //! kustomize, and the rendered objects keep the promises the deployment's safety rests on
 //! (which pods the webhook sees, fail-closed admission, priorities, a locked-down Deployment,
-//! least-privilege RBAC, certificates wired to the webhook configuration).
+//! least-privilege RBAC, certificates wired to the webhook configuration). The monitoring
+//! example's alerts and dashboard queries are tested with promtool ([`monitoring`]).
 //!
 //! kustomize comes from `$NIGHTSHIFT_KUSTOMIZE` (`.ci/test` builds it). Without it these tests
 //! fail with instructions, unless `NIGHTSHIFT_SKIP_MANIFEST_TESTS=1` is set.
 
 mod examples;
+mod monitoring;
+mod promql;
 mod render;
 mod schema;
 mod select;
