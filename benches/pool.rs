@@ -9,12 +9,15 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher;
-use nightshift::pool::{
-    accounting::{DEFAULT_GPU_RESOURCE as R, Ledger, NodeFacts, PodFacts, node_facts, pod_facts},
-    controller::{Controller, Metrics, Policy},
-    fixtures::{node, pod},
-    marks,
-    windows::Windows,
+use nightshift::{
+    pool::{
+        accounting::{Ledger, NodeFacts, PodFacts, node_facts, pod_facts},
+        controller::{Controller, Metrics, Policy},
+        fixtures::{node, pod},
+        marks,
+        windows::Windows,
+    },
+    vocabulary::Vocabulary,
 };
 
 const NODES: usize = 1_000;
@@ -43,10 +46,13 @@ fn pod_object(i: usize) -> Pod {
 }
 
 fn cluster() -> (Vec<NodeFacts>, Vec<PodFacts>) {
+    let names = Vocabulary::default();
     let nodes = (0..NODES)
-        .map(|i| node_facts(&node(&node_name(i), GPUS_PER_NODE).build(), R))
+        .map(|i| node_facts(&node(&node_name(i), GPUS_PER_NODE).build(), &names))
         .collect();
-    let pods = (0..PODS).map(|i| pod_facts(&pod_object(i), R)).collect();
+    let pods = (0..PODS)
+        .map(|i| pod_facts(&pod_object(i), &names))
+        .collect();
     (nodes, pods)
 }
 
@@ -120,7 +126,7 @@ fn benches(c: &mut Criterion) {
     // One pod event end to end: facts from the Pod object, ledger update, disruption check.
     let mut controller = Controller::new(
         Policy {
-            gpu_resource: R.to_string(),
+            vocabulary: Vocabulary::default(),
             headroom: 16,
             windows: Windows::default(),
         },

@@ -9,11 +9,12 @@ use crate::{
     admin::AdminArgs,
     cluster,
     duration::parse_duration,
-    pool,
+    pool::{self, PoolArgs, StatusArgs},
     runtime::Context,
     scaler::{self, ScalerArgs},
     sim::SimArgs,
     telemetry::LogArgs,
+    vocabulary::VocabularyArgs,
     webhook::{self, WebhookArgs, certs},
 };
 
@@ -32,9 +33,9 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run every component: KEDA scaler, admission webhook and GPU-pool controller.
-    Run(Box<RunArgs>),
+    Run(Box<RunCommandArgs>),
     /// Run only the KEDA external scaler (gRPC) and the admin server.
-    Scaler(ScalerOnlyArgs),
+    Scaler(ScalerCommandArgs),
     /// Run only the admission webhook.
     Webhook(WebhookCommandArgs),
     /// Manage the webhook's TLS certificates.
@@ -44,14 +45,36 @@ pub enum Command {
     /// policy lends to research, at what cost to inference.
     Simulate(SimArgs),
     /// Run only the GPU-pool controller (spare marks, preemption tracking, `/status`).
-    Pool(PoolRunArgs),
+    Pool(PoolCommandArgs),
     /// Show the GPU pool: GPUs per node, spare marks, research pods, recent preemptions.
-    Status(pool::StatusArgs),
+    Status(StatusCommandArgs),
+}
+
+/// Options of `nightshift run`.
+#[derive(Debug, Args)]
+pub struct RunCommandArgs {
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    #[command(flatten)]
+    pub shutdown: ShutdownArgs,
+
+    #[command(flatten)]
+    pub vocabulary: VocabularyArgs,
+
+    #[command(flatten)]
+    pub scaler: ScalerArgs,
+
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+
+    #[command(flatten)]
+    pub pool: PoolArgs,
 }
 
 /// Options of `nightshift scaler`.
 #[derive(Debug, Args)]
-pub struct ScalerOnlyArgs {
+pub struct ScalerCommandArgs {
     #[command(flatten)]
     pub admin: AdminArgs,
 
@@ -72,7 +95,36 @@ pub struct WebhookCommandArgs {
     pub shutdown: ShutdownArgs,
 
     #[command(flatten)]
+    pub vocabulary: VocabularyArgs,
+
+    #[command(flatten)]
     pub webhook: WebhookArgs,
+}
+
+/// Options of `nightshift pool`.
+#[derive(Debug, Args)]
+pub struct PoolCommandArgs {
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    #[command(flatten)]
+    pub shutdown: ShutdownArgs,
+
+    #[command(flatten)]
+    pub vocabulary: VocabularyArgs,
+
+    #[command(flatten)]
+    pub pool: PoolArgs,
+}
+
+/// Options of `nightshift status`.
+#[derive(Debug, Args)]
+pub struct StatusCommandArgs {
+    #[command(flatten)]
+    pub vocabulary: VocabularyArgs,
+
+    #[command(flatten)]
+    pub status: StatusArgs,
 }
 
 /// `nightshift certs ...`
@@ -81,38 +133,6 @@ pub enum CertsCommand {
     /// Generate a CA (kept if it exists) and a serving certificate for the webhook Service, and
     /// print the caBundle.
     Generate(certs::GenerateArgs),
-}
-
-/// Options of `nightshift run`.
-#[derive(Debug, Args)]
-pub struct RunArgs {
-    #[command(flatten)]
-    pub admin: AdminArgs,
-
-    #[command(flatten)]
-    pub shutdown: ShutdownArgs,
-
-    #[command(flatten)]
-    pub scaler: ScalerArgs,
-
-    #[command(flatten)]
-    pub webhook: WebhookArgs,
-
-    #[command(flatten)]
-    pub pool: pool::PoolArgs,
-}
-
-/// Options of `nightshift pool`.
-#[derive(Debug, Args)]
-pub struct PoolRunArgs {
-    #[command(flatten)]
-    pub admin: AdminArgs,
-
-    #[command(flatten)]
-    pub shutdown: ShutdownArgs,
-
-    #[command(flatten)]
-    pub pool: pool::PoolArgs,
 }
 
 /// How long in-flight work may take to finish after SIGTERM.
@@ -131,22 +151,16 @@ impl Cli {
             return ExitCode::FAILURE;
         }
         let outcome = match self.command {
-            Command::Run(args) => run_all(*args).await,
-            Command::Scaler(args) => run_scaler(args).await,
-            Command::Webhook(args) => run_webhook(args).await,
+            Command::Run(args) => run_components((*args).into()).await,
+            Command::Scaler(args) => run_components(args.into()).await,
+            Command::Webhook(args) => run_components(args.into()).await,
+            Command::Pool(args) => run_components(args.into()).await,
             Command::Certs(CertsCommand::Generate(args)) => generate_certs(&args),
             Command::Simulate(args) => tokio::task::spawn_blocking(move || crate::sim::run(args))
                 .await
                 .map_err(anyhow::Error::from)
                 .and_then(|r| r.map_err(anyhow::Error::from)),
-            Command::Pool(args) => run_pool(args).await,
-            Command::Status(args) => match pool::status_command(args).await {
-                Ok(text) => {
-                    print!("{text}");
-                    Ok(())
-                }
-                Err(e) => Err(e.into()),
-            },
+            Command::Status(args) => print_status(args).await,
         };
         match outcome {
             Ok(()) => ExitCode::SUCCESS,
@@ -158,59 +172,152 @@ impl Cli {
     }
 }
 
-async fn run_all(args: RunArgs) -> anyhow::Result<()> {
-    let RunArgs {
+/// What one process runs: the components chosen by its command, with their options.
+struct Components {
+    admin: AdminArgs,
+    shutdown: ShutdownArgs,
+    scaler: Option<ScalerArgs>,
+    /// The components that read the names shared through [`crate::vocabulary`], with them.
+    named: Option<Named>,
+    /// Why this process cannot run without a Kubernetes cluster, if it cannot.
+    needs_cluster: Option<&'static str>,
+}
+
+/// The webhook and the pool controller, and the one set of names they share.
+struct Named {
+    vocabulary: VocabularyArgs,
+    webhook: Option<WebhookArgs>,
+    pool: Option<PoolArgs>,
+}
+
+impl From<RunCommandArgs> for Components {
+    fn from(args: RunCommandArgs) -> Self {
+        let RunCommandArgs {
+            admin,
+            shutdown,
+            vocabulary,
+            scaler,
+            webhook,
+            pool,
+        } = args;
+        Self {
+            admin,
+            shutdown,
+            scaler: Some(scaler),
+            named: Some(Named {
+                vocabulary,
+                webhook: Some(webhook),
+                pool: Some(pool),
+            }),
+            needs_cluster: None,
+        }
+    }
+}
+
+impl From<ScalerCommandArgs> for Components {
+    fn from(args: ScalerCommandArgs) -> Self {
+        let ScalerCommandArgs {
+            admin,
+            shutdown,
+            scaler,
+        } = args;
+        Self {
+            admin,
+            shutdown,
+            scaler: Some(scaler),
+            named: None,
+            needs_cluster: None,
+        }
+    }
+}
+
+impl From<WebhookCommandArgs> for Components {
+    fn from(args: WebhookCommandArgs) -> Self {
+        let WebhookCommandArgs {
+            admin,
+            shutdown,
+            vocabulary,
+            webhook,
+        } = args;
+        Self {
+            admin,
+            shutdown,
+            scaler: None,
+            named: Some(Named {
+                vocabulary,
+                webhook: Some(webhook),
+                pool: None,
+            }),
+            needs_cluster: Some(
+                "the webhook needs a Kubernetes cluster (to watch Namespaces and PriorityClasses)",
+            ),
+        }
+    }
+}
+
+impl From<PoolCommandArgs> for Components {
+    fn from(args: PoolCommandArgs) -> Self {
+        let PoolCommandArgs {
+            admin,
+            shutdown,
+            vocabulary,
+            pool,
+        } = args;
+        Self {
+            admin,
+            shutdown,
+            scaler: None,
+            named: Some(Named {
+                vocabulary,
+                webhook: None,
+                pool: Some(pool),
+            }),
+            needs_cluster: None,
+        }
+    }
+}
+
+/// Checks the shared names, starts each chosen component on one [`Context`] (scaler, webhook,
+/// pool controller, in that order) and serves until shutdown.
+async fn run_components(components: Components) -> anyhow::Result<()> {
+    let Components {
         admin,
         shutdown,
         scaler,
-        webhook,
-        pool,
-    } = args;
-    let mut ctx = Context::new(cluster::connect().await);
-    scaler::start(scaler, &mut ctx).await?;
-    webhook::start(webhook, &mut ctx).await?;
-    pool::start(pool, &mut ctx).await?;
-    ctx.serve(admin.admin_addr, shutdown.drain_timeout).await
-}
-
-async fn run_pool(args: PoolRunArgs) -> anyhow::Result<()> {
-    let PoolRunArgs {
-        admin,
-        shutdown,
-        pool,
-    } = args;
-    let mut ctx = Context::new(cluster::connect().await);
-    pool::start(pool, &mut ctx).await?;
-    ctx.serve(admin.admin_addr, shutdown.drain_timeout).await
-}
-
-async fn run_scaler(args: ScalerOnlyArgs) -> anyhow::Result<()> {
-    let ScalerOnlyArgs {
-        admin,
-        shutdown,
-        scaler,
-    } = args;
-    let mut ctx = Context::new(cluster::connect().await);
-    scaler::start(scaler, &mut ctx).await?;
-    ctx.serve(admin.admin_addr, shutdown.drain_timeout).await
-}
-
-async fn run_webhook(args: WebhookCommandArgs) -> anyhow::Result<()> {
-    let WebhookCommandArgs {
-        admin,
-        shutdown,
-        webhook,
-    } = args;
+        named,
+        needs_cluster,
+    } = components;
+    let named = named
+        .map(|n| n.vocabulary.vocabulary().map(|v| (v, n.webhook, n.pool)))
+        .transpose()?;
     let kube = cluster::connect().await;
-    if kube.is_none() {
-        anyhow::bail!(
-            "the webhook needs a Kubernetes cluster (to watch Namespaces and PriorityClasses): \
-             set KUBECONFIG or run in a pod"
-        );
+    if let Some(why) = needs_cluster
+        && kube.is_none()
+    {
+        anyhow::bail!("{why}: set KUBECONFIG or run in a pod");
     }
     let mut ctx = Context::new(kube);
-    webhook::start(webhook, &mut ctx).await?;
+    if let Some(args) = scaler {
+        scaler::start(args, &mut ctx).await?;
+    }
+    if let Some((vocabulary, webhook, pool)) = named {
+        if let Some(args) = webhook {
+            webhook::start(args, &vocabulary, &mut ctx).await?;
+        }
+        if let Some(args) = pool {
+            pool::run::start(args, vocabulary, &mut ctx).await?;
+        }
+    }
     ctx.serve(admin.admin_addr, shutdown.drain_timeout).await
+}
+
+/// `nightshift status`: prints the report.
+async fn print_status(args: StatusCommandArgs) -> anyhow::Result<()> {
+    let StatusCommandArgs { vocabulary, status } = args;
+    let vocabulary = vocabulary.vocabulary()?;
+    let text = pool::report::status_command(status, vocabulary).await?;
+    print!("{text}");
+    Ok(())
 }
 
 fn generate_certs(args: &certs::GenerateArgs) -> anyhow::Result<()> {
@@ -238,10 +345,123 @@ fn generate_certs(args: &certs::GenerateArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::{
+        controller::{Controller, Metrics},
+        fixtures::node,
+    };
+    use crate::webhook::mutate::{self, PriorityClassInfo, Selection};
+    use jiff::Timestamp;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::runtime::watcher;
+    use std::collections::BTreeMap;
 
     #[test]
     fn cli_definition_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    fn run_args(args: &[&str]) -> RunCommandArgs {
+        let cli = Cli::try_parse_from(["nightshift", "run"].iter().chain(args)).expect("parses");
+        match cli.command {
+            Command::Run(args) => *args,
+            other => panic!("not run: {other:?}"),
+        }
+    }
+
+    /// A research class and lent label set once on `nightshift run` reach both the webhook's
+    /// marks and the pool's counts: the pod the webhook marks is counted as lent GPUs and listed
+    /// as research in the status report.
+    #[test]
+    fn names_set_once_are_used_by_the_webhook_and_the_pool() {
+        let args = run_args(&[
+            "--research-priority-class=scavenger",
+            "--lent-label=example.com/borrowed",
+        ]);
+        let names = args.vocabulary.checked().expect("valid names");
+        let policy = args.webhook.policy(&names);
+        let classes: BTreeMap<String, PriorityClassInfo> = [(
+            "scavenger".to_string(),
+            PriorityClassInfo {
+                value: -5000,
+                preemption_policy: "Never".into(),
+            },
+        )]
+        .into();
+        let research_ns: BTreeMap<String, String> =
+            [(names.research_label.clone(), "true".to_string())].into();
+        let created: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "sft", "namespace": "team-a", "uid": "u-sft"},
+            "spec": {"containers": [{"name": "main", "image": "trainer:1",
+                "resources": {"limits": {"nvidia.com/gpu": "2"}}}]},
+            "status": {"phase": "Running"}
+        }))
+        .expect("pod");
+        let m = mutate::mutate(&created, "team-a", &research_ns, &policy, &classes)
+            .expect("not denied");
+        assert_eq!(m.selection, Selection::Research { gpu: true });
+        let mut doc = serde_json::to_value(&created).expect("pod serialises");
+        json_patch::patch(&mut doc, &m.patch.0).expect("patch applies");
+        doc["spec"]["nodeName"] = "gpu-a".into();
+        let admitted: Pod = serde_json::from_value(doc).expect("patched pod");
+        let spec = admitted.spec.as_ref().expect("spec");
+        assert_eq!(spec.priority_class_name.as_deref(), Some("scavenger"));
+        assert_eq!(
+            admitted
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("example.com/borrowed"))
+                .map(String::as_str),
+            Some("true")
+        );
+
+        let pool_policy = args.pool.lending.policy(names).expect("pool policy");
+        let mut controller = Controller::new(pool_policy, Metrics::default());
+        let now = Timestamp::from_second(2_000_000_000).expect("ts");
+        controller.on_node_event(watcher::Event::Init);
+        controller.on_node_event(watcher::Event::InitApply(node("gpu-a", 8).build()));
+        controller.on_node_event(watcher::Event::InitDone);
+        controller.on_pod_event(watcher::Event::Init, now);
+        controller.on_pod_event(watcher::Event::InitApply(admitted), now);
+        controller.on_pod_event(watcher::Event::InitDone, now);
+        controller.reconcile(now, tokio::time::Instant::now());
+        let g = controller.ledger().gpus("gpu-a").expect("pool node");
+        assert_eq!((g.protected, g.lent, g.free), (0, 2, 6));
+        let report = controller.status(now);
+        let research: Vec<&str> = report
+            .research_pods
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect();
+        assert_eq!(research, ["sft"]);
+    }
+
+    #[test]
+    fn every_command_that_reads_the_names_offers_them_once() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        for command in ["run", "webhook", "pool", "status"] {
+            let sub = cli.find_subcommand(command).expect("subcommand");
+            let flags: Vec<&str> = sub.get_arguments().filter_map(|a| a.get_long()).collect();
+            for name in [
+                "research-priority-class",
+                "lent-label",
+                "gpu-resource",
+                "pool-label",
+            ] {
+                assert_eq!(
+                    flags.iter().filter(|f| **f == name).count(),
+                    1,
+                    "{command} --{name}"
+                );
+            }
+        }
+        let scaler = cli.find_subcommand("scaler").expect("scaler");
+        assert!(
+            scaler
+                .get_arguments()
+                .all(|a| a.get_long() != Some("research-priority-class"))
+        );
     }
 }

@@ -8,6 +8,8 @@
 //! - [`sources`]: where vLLM metrics come from (Prometheus, direct scrape of vLLM pods).
 //! - [`webhook`]: the mutating admission webhook that marks research pods.
 //! - [`pool`]: spare-GPU accounting, spare marks on nodes, preemption tracking, status.
+//! - [`vocabulary`]: the names the webhook and the pool share (labels, PriorityClasses, the GPU
+//!   resource), set once for both.
 //! - [`sim`]: the trace-driven simulator that estimates the GPU-hours freed.
 //! - [`admin`], [`telemetry`], [`runtime`], [`cli`]: operations around them; [`tls`]: serving
 //!   certificates reloaded from disk, shared by the webhook and the scaler.
@@ -25,6 +27,7 @@ pub mod sim;
 pub mod sources;
 pub mod telemetry;
 pub mod tls;
+pub mod vocabulary;
 pub mod webhook;
 
 /// Installs the process-wide rustls crypto provider (aws-lc-rs).

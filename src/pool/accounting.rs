@@ -3,7 +3,8 @@
 //! Owns the compact facts kept per node and per pod ([`NodeFacts`], [`PodFacts`]), their
 //! extraction from Kubernetes objects, and the [`Ledger`] that sums GPU requests per node into
 //! protected (every non-research pod), lent (research pods) and free. Pure: no I/O, no clock;
-//! callers pass the time when it matters.
+//! callers pass the time when it matters, and the names of labels, classes and the GPU resource
+//! as a [`Vocabulary`].
 //!
 //! Only compact facts are kept, never whole `Pod` objects, so that a cluster of 20,000 pods costs
 //! a few MiB and a pod event updates one node's sums in O(1).
@@ -14,15 +15,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Container, Node, Pod};
 use serde::{Deserialize, Serialize};
 
-/// Resource name of GPUs when none is configured (NVIDIA device plugin).
-pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";
-/// Label that the admission webhook puts on research pods it has marked.
-pub const LENT_LABEL: &str = "nightshift.io/lent";
-/// Label that selects research pods (on the pod; namespaces are resolved by the webhook, which
-/// then sets [`LENT_LABEL`] on the pod).
-pub const RESEARCH_LABEL: &str = "nightshift.io/research";
-/// PriorityClass the webhook gives research pods.
-pub const RESEARCH_PRIORITY_CLASS: &str = "nightshift-research";
+use crate::vocabulary::{TRUE, Vocabulary};
 
 /// What is known about one pool node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,9 +27,9 @@ pub struct NodeFacts {
     pub schedulable: bool,
     /// `true` only when the `Ready` condition is `True`.
     pub ready: bool,
-    /// Current value of the `nightshift.io/spare` label.
+    /// Current value of the spare label (`nightshift.io/spare`).
     pub spare_label: Option<String>,
-    /// Current value of the `nightshift.io/spare-gpus` label.
+    /// Current value of the spare-GPUs label (`nightshift.io/spare-gpus`).
     pub spare_gpus_label: Option<String>,
 }
 
@@ -185,20 +178,24 @@ pub fn pod_gpu_request(pod: &Pod, resource: &str) -> Option<u64> {
     Some(total)
 }
 
-/// Whether a pod is research work lent the pool's GPUs: it carries `nightshift.io/lent: "true"`
-/// (set by the webhook) or `nightshift.io/research: "true"`, or runs in the research
-/// PriorityClass.
-pub fn is_research(pod: &Pod) -> bool {
+/// Whether a pod is research work lent the pool's GPUs: it carries the lent label (set by the
+/// webhook) or the research label with the value `"true"`, or runs in the research
+/// PriorityClass. Namespaces are resolved by the webhook, which then sets the lent label.
+pub fn is_research(pod: &Pod, names: &Vocabulary) -> bool {
     let labelled = pod.metadata.labels.as_ref().is_some_and(|l| {
-        l.get(LENT_LABEL).map(String::as_str) == Some("true")
-            || l.get(RESEARCH_LABEL).map(String::as_str) == Some("true")
+        let says_true = |key: &str| l.get(key).is_some_and(|v| v == TRUE);
+        names.lent_label.as_deref().is_some_and(says_true) || says_true(&names.research_label)
     });
     labelled
-        || pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.priority_class_name.as_deref())
-            == Some(RESEARCH_PRIORITY_CLASS)
+        || names
+            .research_priority_class
+            .as_deref()
+            .is_some_and(|class| {
+                pod.spec
+                    .as_ref()
+                    .and_then(|s| s.priority_class_name.as_deref())
+                    == Some(class)
+            })
 }
 
 fn disruption(pod: &Pod) -> Option<Disruption> {
@@ -221,7 +218,7 @@ fn disruption(pod: &Pod) -> Option<Disruption> {
 }
 
 /// Extracts the compact facts of a pod.
-pub fn pod_facts(pod: &Pod, resource: &str) -> PodFacts {
+pub fn pod_facts(pod: &Pod, names: &Vocabulary) -> PodFacts {
     let meta = &pod.metadata;
     let namespace = meta.namespace.clone().unwrap_or_default();
     let name = meta.name.clone().unwrap_or_default();
@@ -237,8 +234,8 @@ pub fn pod_facts(pod: &Pod, resource: &str) -> PodFacts {
     PodFacts {
         key,
         node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
-        gpus: pod_gpu_request(pod, resource),
-        research: is_research(pod),
+        gpus: pod_gpu_request(pod, &names.gpu_resource),
+        research: is_research(pod, names),
         terminal: phase == "Succeeded" || phase == "Failed",
         created: meta.creation_timestamp.as_ref().map(|t| t.0),
         started: pod
@@ -255,13 +252,13 @@ pub fn pod_facts(pod: &Pod, resource: &str) -> PodFacts {
 }
 
 /// Extracts the compact facts of a node.
-pub fn node_facts(node: &Node, resource: &str) -> NodeFacts {
+pub fn node_facts(node: &Node, names: &Vocabulary) -> NodeFacts {
     let labels = node.metadata.labels.as_ref();
     let allocatable = node
         .status
         .as_ref()
         .and_then(|s| s.allocatable.as_ref())
-        .and_then(|a| a.get(resource))
+        .and_then(|a| a.get(&names.gpu_resource))
         .map_or(Some(0), |q| parse_whole_quantity(&q.0));
     let ready = node
         .status
@@ -278,8 +275,10 @@ pub fn node_facts(node: &Node, resource: &str) -> NodeFacts {
             .and_then(|s| s.unschedulable)
             .unwrap_or(false),
         ready,
-        spare_label: labels.and_then(|l| l.get(super::SPARE_LABEL).cloned()),
-        spare_gpus_label: labels.and_then(|l| l.get(super::SPARE_GPUS_LABEL).cloned()),
+        spare_label: labels
+            .zip(names.spare_label.as_deref())
+            .and_then(|(l, key)| l.get(key).cloned()),
+        spare_gpus_label: labels.and_then(|l| l.get(&names.spare_gpus_label).cloned()),
     }
 }
 
@@ -599,12 +598,17 @@ fn newly_disrupted(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::fixtures::{node, pod};
+    use crate::{
+        pool::fixtures::{node, pod},
+        vocabulary::GPU_RESOURCE,
+    };
+    use std::sync::LazyLock;
 
-    const R: &str = DEFAULT_GPU_RESOURCE;
+    /// The default names.
+    static R: LazyLock<Vocabulary> = LazyLock::new(Vocabulary::default);
 
     fn req(p: crate::pool::fixtures::PodBuilder) -> Option<u64> {
-        pod_gpu_request(&p.build(), R)
+        pod_gpu_request(&p.build(), GPU_RESOURCE)
     }
 
     fn now() -> Timestamp {
@@ -675,9 +679,78 @@ mod tests {
 
     #[test]
     fn research_is_recognised_by_label_or_priority_class() {
-        assert!(is_research(&pod("a", "p").research().build()));
-        assert!(is_research(&pod("a", "p").research_priority().build()));
-        assert!(!is_research(&pod("a", "p").build()));
+        assert!(is_research(&pod("a", "p").research().build(), &R));
+        assert!(is_research(&pod("a", "p").research_priority().build(), &R));
+        assert!(is_research(
+            &pod("a", "p")
+                .label(crate::vocabulary::RESEARCH_LABEL, "true")
+                .build(),
+            &R
+        ));
+        assert!(!is_research(&pod("a", "p").build(), &R));
+    }
+
+    /// Names other than the defaults, as set once on the command line.
+    fn renamed() -> Vocabulary {
+        Vocabulary {
+            research_label: "example.com/research".into(),
+            lent_label: Some("example.com/borrowed".into()),
+            research_priority_class: Some("scavenger".into()),
+            ..Vocabulary::default()
+        }
+    }
+
+    #[test]
+    fn research_is_recognised_by_the_names_in_use_only() {
+        let names = renamed();
+        let by_class = pod("a", "p").priority_class("scavenger").build();
+        let by_lent = pod("a", "p").label("example.com/borrowed", "true").build();
+        let by_label = pod("a", "p").label("example.com/research", "true").build();
+        for p in [&by_class, &by_lent, &by_label] {
+            assert!(is_research(p, &names), "{:?}", p.metadata.labels);
+            assert!(!is_research(p, &R), "{:?}", p.metadata.labels);
+        }
+        // The default names no longer mark research work.
+        assert!(!is_research(&pod("a", "p").research().build(), &names));
+        assert!(!is_research(
+            &pod("a", "p").research_priority().build(),
+            &names
+        ));
+        // A name switched off matches nothing.
+        let off = Vocabulary {
+            lent_label: None,
+            research_priority_class: None,
+            ..Vocabulary::default()
+        };
+        assert!(!is_research(&pod("a", "p").research().build(), &off));
+        assert!(!is_research(
+            &pod("a", "p").research_priority().build(),
+            &off
+        ));
+    }
+
+    #[test]
+    fn pods_in_a_renamed_research_class_are_counted_as_lent_not_protected() {
+        let names = renamed();
+        let mut l = Ledger::new();
+        l.replace_nodes([node_facts(&node("n1", 8).build(), &names)]);
+        l.replace_pods(
+            [
+                pod("inf", "vllm").on("n1").gpus(2),
+                pod("res", "sft")
+                    .on("n1")
+                    .gpus(3)
+                    .priority_class("scavenger"),
+                pod("res", "rl")
+                    .on("n1")
+                    .gpus(1)
+                    .label("example.com/borrowed", "true"),
+            ]
+            .into_iter()
+            .map(|p| pod_facts(&p.build(), &names)),
+        );
+        let g = l.gpus("n1").expect("pool node");
+        assert_eq!((g.protected, g.lent, g.free), (2, 4, 2));
     }
 
     fn ledger(nodes: &[(&str, u64)], pods: Vec<crate::pool::fixtures::PodBuilder>) -> Ledger {
@@ -685,9 +758,9 @@ mod tests {
         l.replace_nodes(
             nodes
                 .iter()
-                .map(|(n, g)| node_facts(&node(n, *g).build(), R)),
+                .map(|(n, g)| node_facts(&node(n, *g).build(), &R)),
         );
-        l.replace_pods(pods.into_iter().map(|p| pod_facts(&p.build(), R)));
+        l.replace_pods(pods.into_iter().map(|p| pod_facts(&p.build(), &R)));
         l
     }
 
@@ -738,7 +811,7 @@ mod tests {
         let mut l = Ledger::new();
         l.apply_node(node_facts(
             &node("cpu", 8).without_gpu_resource().build(),
-            R,
+            &R,
         ));
         let g = l.gpus("cpu").expect("pool node");
         assert_eq!((g.allocatable, g.free), (0, 0));
@@ -752,7 +825,7 @@ mod tests {
             vec![pod("x", "odd").on("n1").gpu_quantity("1.5")],
         );
         assert!(!l.gpus("n1").expect("pool node").trusted);
-        l.apply_node(node_facts(&node("n2", 8).gpu_quantity("7.5").build(), R));
+        l.apply_node(node_facts(&node("n2", 8).gpu_quantity("7.5").build(), &R));
         assert!(!l.gpus("n2").expect("pool node").trusted);
     }
 
@@ -764,9 +837,9 @@ mod tests {
 
     #[test]
     fn cordoned_and_not_ready_nodes_are_recognised() {
-        let c = node_facts(&node("c", 8).cordoned().build(), R);
+        let c = node_facts(&node("c", 8).cordoned().build(), &R);
         assert!(!c.schedulable && c.ready);
-        let nr = node_facts(&node("nr", 8).not_ready().build(), R);
+        let nr = node_facts(&node("nr", 8).not_ready().build(), &R);
         assert!(nr.schedulable && !nr.ready);
     }
 
@@ -774,28 +847,28 @@ mod tests {
     fn incremental_updates_match_a_full_recount() {
         let mut l = ledger(&[("n1", 8), ("n2", 8)], vec![]);
         let t = now();
-        l.apply_pod(pod_facts(&pod("a", "p1").on("n1").gpus(2).build(), R), t);
+        l.apply_pod(pod_facts(&pod("a", "p1").on("n1").gpus(2).build(), &R), t);
         l.apply_pod(
-            pod_facts(&pod("a", "p2").on("n1").gpus(1).research().build(), R),
+            pod_facts(&pod("a", "p2").on("n1").gpus(1).research().build(), &R),
             t,
         );
-        l.apply_pod(pod_facts(&pod("a", "p3").on("n2").gpus(3).build(), R), t);
+        l.apply_pod(pod_facts(&pod("a", "p3").on("n2").gpus(3).build(), &R), t);
         // p1 finishes, p2 grows into a different shape (same UID), p3 is deleted.
         l.apply_pod(
             pod_facts(
                 &pod("a", "p1").on("n1").gpus(2).phase("Succeeded").build(),
-                R,
+                &R,
             ),
             t,
         );
         l.apply_pod(
             pod_facts(
                 &pod("a", "p2").on("n1").gpus(1).init(5).research().build(),
-                R,
+                &R,
             ),
             t,
         );
-        l.delete_pod(&pod_facts(&pod("a", "p3").on("n2").gpus(3).build(), R), t);
+        l.delete_pod(&pod_facts(&pod("a", "p3").on("n2").gpus(3).build(), &R), t);
         let incremental = (l.gpus("n1"), l.gpus("n2"), l.totals());
         l.recount();
         assert_eq!(incremental, (l.gpus("n1"), l.gpus("n2"), l.totals()));
@@ -807,11 +880,11 @@ mod tests {
     fn pods_arriving_before_their_node_are_counted_when_it_joins() {
         let mut l = Ledger::new();
         l.apply_pod(
-            pod_facts(&pod("a", "p").on("late").gpus(3).build(), R),
+            pod_facts(&pod("a", "p").on("late").gpus(3).build(), &R),
             now(),
         );
         assert!(l.gpus("late").is_none());
-        l.apply_node(node_facts(&node("late", 8).build(), R));
+        l.apply_node(node_facts(&node("late", 8).build(), &R));
         assert_eq!(l.gpus("late").expect("pool node").protected, 3);
     }
 
@@ -820,7 +893,7 @@ mod tests {
         let mut l = ledger(&[("n1", 8)], vec![pod("a", "gone").on("n1").gpus(4)]);
         l.begin_pod_relist();
         l.apply_pod(
-            pod_facts(&pod("a", "new").on("n1").gpus(1).build(), R),
+            pod_facts(&pod("a", "new").on("n1").gpus(1).build(), &R),
             now(),
         );
         // Until the list is complete the old figures stand.
@@ -836,12 +909,12 @@ mod tests {
         let hit = Timestamp::from_second(4600).expect("ts");
         let running = pod("res", "rl").on("n1").gpus(4).research().started(start);
         assert!(
-            l.apply_pod(pod_facts(&running.clone().build(), R), now())
+            l.apply_pod(pod_facts(&running.clone().build(), &R), now())
                 .is_none()
         );
         let preempted = running.disrupted("PreemptionByScheduler", hit);
         let rec = l
-            .apply_pod(pod_facts(&preempted.clone().build(), R), now())
+            .apply_pod(pod_facts(&preempted.clone().build(), &R), now())
             .expect("recorded");
         assert_eq!(rec.reason, "PreemptionByScheduler");
         assert_eq!(rec.ran_seconds, Some(3600));
@@ -850,11 +923,11 @@ mod tests {
         // Further updates and the deletion do not count it again.
         let failed = preempted.phase("Failed");
         assert!(
-            l.apply_pod(pod_facts(&failed.clone().build(), R), now())
+            l.apply_pod(pod_facts(&failed.clone().build(), &R), now())
                 .is_none()
         );
         assert!(
-            l.delete_pod(&pod_facts(&failed.build(), R), now())
+            l.delete_pod(&pod_facts(&failed.build(), &R), now())
                 .is_none()
         );
     }
@@ -866,7 +939,7 @@ mod tests {
             .on("n1")
             .gpus(1)
             .disrupted("PreemptionByScheduler", now());
-        assert!(l.apply_pod(pod_facts(&p.build(), R), now()).is_none());
+        assert!(l.apply_pod(pod_facts(&p.build(), &R), now()).is_none());
     }
 
     #[test]
@@ -878,7 +951,7 @@ mod tests {
             .gpus(1)
             .research()
             .disrupted("EvictionByEvictionAPI", now());
-        l.apply_pod(pod_facts(&old.build(), R), now());
+        l.apply_pod(pod_facts(&old.build(), &R), now());
         assert!(l.finish_pod_relist(now()).is_empty());
     }
 
@@ -894,7 +967,7 @@ mod tests {
             .gpus(1)
             .research()
             .disrupted("PreemptionByScheduler", now());
-        l.apply_pod(pod_facts(&hit.build(), R), now());
+        l.apply_pod(pod_facts(&hit.build(), &R), now());
         let recs = l.finish_pod_relist(now());
         assert_eq!(recs.len(), 1);
     }
@@ -902,14 +975,14 @@ mod tests {
     #[test]
     fn ledger_memory_stays_small_for_a_large_cluster() {
         let mut l = Ledger::new();
-        l.replace_nodes((0..100).map(|i| node_facts(&node(&format!("gpu-{i:04}"), 8).build(), R)));
+        l.replace_nodes((0..100).map(|i| node_facts(&node(&format!("gpu-{i:04}"), 8).build(), &R)));
         l.replace_pods((0..2000).map(|i| {
             pod_facts(
                 &pod("team", &format!("job-{i}"))
                     .on(&format!("gpu-{:04}", i % 100))
                     .gpus(1)
                     .build(),
-                R,
+                &R,
             )
         }));
         // Compact facts only: under 1 KiB per pod (the benchmark reports the figure at 20,000).

@@ -26,6 +26,7 @@ use super::{
     status::{NodeStatus, ResearchPod, StatusReport},
     windows::Windows,
 };
+use crate::vocabulary::Vocabulary;
 
 /// How many recent disruptions `/status` shows: enough for a researcher to find theirs without
 /// the list growing without bound.
@@ -34,7 +35,8 @@ pub const RECENT_DISRUPTIONS: usize = 100;
 /// What the controller needs to decide.
 #[derive(Clone, Debug)]
 pub struct Policy {
-    pub gpu_resource: String,
+    /// The names shared with the webhook: what is research, what is a GPU, which labels mark.
+    pub vocabulary: Vocabulary,
     pub headroom: u64,
     pub windows: Windows,
 }
@@ -203,7 +205,7 @@ impl Controller {
 
     /// Applies one event of the pool-node watch.
     pub fn on_node_event(&mut self, event: watcher::Event<Node>) {
-        let resource = self.policy.gpu_resource.as_str();
+        let resource = &self.policy.vocabulary;
         match event {
             watcher::Event::Apply(node) => {
                 let facts = node_facts(&node, resource);
@@ -261,7 +263,7 @@ impl Controller {
 
     /// Applies one event of the pod watch.
     pub fn on_pod_event(&mut self, event: watcher::Event<Pod>, now: Timestamp) {
-        let resource = self.policy.gpu_resource.as_str();
+        let resource = &self.policy.vocabulary;
         let records: Vec<DisruptionRecord> = match event {
             watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => self
                 .ledger
@@ -464,7 +466,6 @@ pub fn load_stores(
 mod tests {
     use super::*;
     use crate::pool::{
-        accounting::DEFAULT_GPU_RESOURCE,
         fixtures::{node, pod},
         marks::Verdict,
     };
@@ -472,7 +473,7 @@ mod tests {
 
     fn policy(headroom: u64) -> Policy {
         Policy {
-            gpu_resource: DEFAULT_GPU_RESOURCE.to_string(),
+            vocabulary: Vocabulary::default(),
             headroom,
             windows: Windows::default(),
         }
@@ -750,5 +751,53 @@ mod tests {
         let json = serde_json::to_string(&s).expect("json");
         let back: crate::pool::status::StatusReport = serde_json::from_str(&json).expect("parse");
         assert_eq!(back, s);
+    }
+
+    #[test]
+    fn status_counts_pods_by_the_names_in_use() {
+        let mut c = Controller::new(
+            Policy {
+                vocabulary: Vocabulary {
+                    lent_label: Some("example.com/borrowed".into()),
+                    research_priority_class: Some("scavenger".into()),
+                    ..Vocabulary::default()
+                },
+                ..policy(0)
+            },
+            Metrics::default(),
+        );
+        let (node_store, _) = store::<Node>();
+        let (pod_store, _) = store::<Pod>();
+        load_stores(&mut c, &node_store, &pod_store, now());
+        c.on_node_event(watcher::Event::Apply(node("a", 8).build()));
+        for p in [
+            pod("inf", "vllm").on("a").gpus(1),
+            pod("res", "sft")
+                .on("a")
+                .gpus(2)
+                .priority_class("scavenger"),
+            pod("res", "rl")
+                .on("a")
+                .gpus(3)
+                .label("example.com/borrowed", "true"),
+            // Default names mean nothing once renamed: this pod is inference.
+            pod("inf", "old-style").on("a").gpus(1).research(),
+        ] {
+            c.on_pod_event(watcher::Event::Apply(p.build()), now());
+        }
+        c.reconcile(now(), tokio::time::Instant::now());
+        let s = c.status(now());
+        assert_eq!(
+            (s.totals.protected, s.totals.lent, s.totals.free),
+            (2, 5, 1)
+        );
+        let research: Vec<&str> = s.research_pods.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(research, ["rl", "sft"]);
+        assert!(
+            s.render()
+                .contains("GPU pool: 1 nodes, 8 GPUs: 2 protected, 5 lent, 1 free"),
+            "{}",
+            s.render()
+        );
     }
 }

@@ -15,12 +15,15 @@ use k8s_openapi::{
     },
 };
 
-use super::{SPARE_GPUS_LABEL, SPARE_LABEL, accounting::DEFAULT_GPU_RESOURCE};
+use crate::vocabulary::{
+    GPU_RESOURCE, LENT_LABEL, POOL_LABEL, RESEARCH_PRIORITY_CLASS, SPARE_GPUS_LABEL, SPARE_LABEL,
+    TRUE,
+};
 
 fn gpu_resources(n: u64) -> ResourceRequirements {
     ResourceRequirements {
         requests: Some(BTreeMap::from([(
-            DEFAULT_GPU_RESOURCE.to_string(),
+            GPU_RESOURCE.to_string(),
             Quantity(n.to_string()),
         )])),
         ..ResourceRequirements::default()
@@ -114,7 +117,7 @@ impl PodBuilder {
     /// Sets pod overhead of `n` GPUs.
     pub fn overhead(mut self, n: u64) -> Self {
         self.spec().overhead = Some(BTreeMap::from([(
-            DEFAULT_GPU_RESOURCE.to_string(),
+            GPU_RESOURCE.to_string(),
             Quantity(n.to_string()),
         )]));
         self
@@ -124,7 +127,7 @@ impl PodBuilder {
     pub fn gpu_limit_only(mut self, n: u64) -> Self {
         self.spec().containers[0].resources = Some(ResourceRequirements {
             limits: Some(BTreeMap::from([(
-                DEFAULT_GPU_RESOURCE.to_string(),
+                GPU_RESOURCE.to_string(),
                 Quantity(n.to_string()),
             )])),
             ..ResourceRequirements::default()
@@ -136,7 +139,7 @@ impl PodBuilder {
     pub fn gpu_quantity(mut self, q: &str) -> Self {
         self.spec().containers[0].resources = Some(ResourceRequirements {
             requests: Some(BTreeMap::from([(
-                DEFAULT_GPU_RESOURCE.to_string(),
+                GPU_RESOURCE.to_string(),
                 Quantity(q.to_string()),
             )])),
             ..ResourceRequirements::default()
@@ -145,22 +148,28 @@ impl PodBuilder {
     }
 
     /// Marks the pod as research (the webhook's `nightshift.io/lent: "true"`).
-    pub fn research(mut self) -> Self {
+    pub fn research(self) -> Self {
+        self.label(LENT_LABEL, TRUE)
+    }
+
+    /// Puts the pod in the research PriorityClass (no label).
+    pub fn research_priority(self) -> Self {
+        self.priority_class(RESEARCH_PRIORITY_CLASS)
+    }
+
+    /// Sets a label on the pod.
+    pub fn label(mut self, key: &str, value: &str) -> Self {
         self.0
             .metadata
             .labels
             .get_or_insert_with(BTreeMap::new)
-            .insert(
-                super::accounting::LENT_LABEL.to_string(),
-                "true".to_string(),
-            );
+            .insert(key.to_string(), value.to_string());
         self
     }
 
-    /// Puts the pod in the research PriorityClass (no label).
-    pub fn research_priority(mut self) -> Self {
-        self.spec().priority_class_name =
-            Some(super::accounting::RESEARCH_PRIORITY_CLASS.to_string());
+    /// Sets `spec.priorityClassName`.
+    pub fn priority_class(mut self, name: &str) -> Self {
+        self.spec().priority_class_name = Some(name.to_string());
         self
     }
 
@@ -209,7 +218,7 @@ pub fn node(name: &str, gpus: u64) -> NodeBuilder {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
             labels: Some(BTreeMap::from([(
-                super::POOL_LABEL.to_string(),
+                POOL_LABEL.to_string(),
                 "default".to_string(),
             )])),
             ..ObjectMeta::default()
@@ -217,7 +226,7 @@ pub fn node(name: &str, gpus: u64) -> NodeBuilder {
         spec: Some(NodeSpec::default()),
         status: Some(NodeStatus {
             allocatable: Some(BTreeMap::from([
-                (DEFAULT_GPU_RESOURCE.to_string(), Quantity(gpus.to_string())),
+                (GPU_RESOURCE.to_string(), Quantity(gpus.to_string())),
                 ("cpu".to_string(), Quantity("96".to_string())),
             ])),
             conditions: Some(vec![NodeCondition {
@@ -257,7 +266,7 @@ impl NodeBuilder {
     /// No GPU in allocatable at all (e.g. a CPU node or a node whose device plugin is down).
     pub fn without_gpu_resource(mut self) -> Self {
         if let Some(a) = self.status().allocatable.as_mut() {
-            a.remove(DEFAULT_GPU_RESOURCE);
+            a.remove(GPU_RESOURCE);
         }
         self
     }
@@ -265,7 +274,7 @@ impl NodeBuilder {
     /// Sets allocatable GPUs to a raw quantity.
     pub fn gpu_quantity(mut self, q: &str) -> Self {
         if let Some(a) = self.status().allocatable.as_mut() {
-            a.insert(DEFAULT_GPU_RESOURCE.to_string(), Quantity(q.to_string()));
+            a.insert(GPU_RESOURCE.to_string(), Quantity(q.to_string()));
         }
         self
     }
@@ -276,7 +285,7 @@ impl NodeBuilder {
         labels.remove(SPARE_LABEL);
         labels.remove(SPARE_GPUS_LABEL);
         if let Some(n) = spare_gpus {
-            labels.insert(SPARE_LABEL.to_string(), "true".to_string());
+            labels.insert(SPARE_LABEL.to_string(), TRUE.to_string());
             labels.insert(SPARE_GPUS_LABEL.to_string(), n.to_string());
         }
         self

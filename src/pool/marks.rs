@@ -13,13 +13,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    SPARE_GPUS_LABEL, SPARE_LABEL,
-    accounting::{Ledger, NodeFacts, NodeGpus},
-};
+use super::accounting::{Ledger, NodeFacts, NodeGpus};
+use crate::vocabulary::{TRUE, Vocabulary};
 
-/// Value of `nightshift.io/spare` on spare nodes. Non-spare nodes carry neither mark.
-pub const SPARE_VALUE: &str = "true";
+/// Value of the spare label on spare nodes. Non-spare nodes carry neither mark.
+pub const SPARE_VALUE: &str = TRUE;
 
 /// Why a node is or is not spare.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,8 +124,8 @@ pub fn plan(ledger: &Ledger, headroom: u64, lending_open: bool) -> Plan {
     }
 }
 
-/// A change to one node's spare marks: `Some(n)` sets `spare=true, spare-gpus=n`; `None`
-/// removes both labels.
+/// A change to one node's spare marks: `Some(n)` sets the spare label to `true` and the
+/// spare-GPUs label to `n`; `None` removes both labels.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LabelPatch {
     pub node: String,
@@ -135,19 +133,21 @@ pub struct LabelPatch {
 }
 
 impl LabelPatch {
-    /// The JSON merge patch for this change (`null` removes a label).
-    pub fn merge_patch(&self) -> serde_json::Value {
+    /// The JSON merge patch for this change with the label names of `names` (`null` removes
+    /// a label).
+    pub fn merge_patch(&self, names: &Vocabulary) -> serde_json::Value {
+        let (spare, spare_gpus) = match self.spare_gpus {
+            Some(n) => (
+                serde_json::Value::from(SPARE_VALUE),
+                serde_json::Value::from(n.to_string()),
+            ),
+            None => (serde_json::Value::Null, serde_json::Value::Null),
+        };
         let mut labels = BTreeMap::new();
-        match self.spare_gpus {
-            Some(n) => {
-                labels.insert(SPARE_LABEL, serde_json::Value::from(SPARE_VALUE));
-                labels.insert(SPARE_GPUS_LABEL, serde_json::Value::from(n.to_string()));
-            }
-            None => {
-                labels.insert(SPARE_LABEL, serde_json::Value::Null);
-                labels.insert(SPARE_GPUS_LABEL, serde_json::Value::Null);
-            }
+        if let Some(key) = names.spare_label.as_deref() {
+            labels.insert(key, spare);
         }
+        labels.insert(names.spare_gpus_label.as_str(), spare_gpus);
         serde_json::json!({ "metadata": { "labels": labels } })
     }
 }
@@ -182,14 +182,15 @@ pub fn diff(ledger: &Ledger, plan: &Plan) -> Vec<LabelPatch> {
 mod tests {
     use super::*;
     use crate::pool::{
-        accounting::{DEFAULT_GPU_RESOURCE as R, node_facts, pod_facts},
+        accounting::{node_facts, pod_facts},
         fixtures::{NodeBuilder, PodBuilder, node, pod},
     };
 
     fn ledger(nodes: Vec<NodeBuilder>, pods: Vec<PodBuilder>) -> Ledger {
+        let names = Vocabulary::default();
         let mut l = Ledger::new();
-        l.replace_nodes(nodes.into_iter().map(|n| node_facts(&n.build(), R)));
-        l.replace_pods(pods.into_iter().map(|p| pod_facts(&p.build(), R)));
+        l.replace_nodes(nodes.into_iter().map(|n| node_facts(&n.build(), &names)));
+        l.replace_pods(pods.into_iter().map(|p| pod_facts(&p.build(), &names)));
         l
     }
 
@@ -351,7 +352,7 @@ mod tests {
 
     #[test]
     fn a_half_marked_node_is_repaired() {
-        let mut n = node_facts(&node("a", 8).build(), R);
+        let mut n = node_facts(&node("a", 8).build(), &Vocabulary::default());
         n.spare_label = Some("true".into());
         assert!(!marks_match(&n, Some(8)));
         assert!(!marks_match(&n, None));
@@ -363,8 +364,9 @@ mod tests {
             node: "a".into(),
             spare_gpus: Some(3),
         };
+        let names = Vocabulary::default();
         assert_eq!(
-            set.merge_patch(),
+            set.merge_patch(&names),
             serde_json::json!({"metadata": {"labels": {
                 "nightshift.io/spare": "true", "nightshift.io/spare-gpus": "3"}}})
         );
@@ -373,9 +375,27 @@ mod tests {
             spare_gpus: None,
         };
         assert_eq!(
-            unset.merge_patch(),
+            unset.merge_patch(&names),
             serde_json::json!({"metadata": {"labels": {
                 "nightshift.io/spare": null, "nightshift.io/spare-gpus": null}}})
+        );
+    }
+
+    #[test]
+    fn merge_patches_use_the_label_names_in_use() {
+        let names = Vocabulary {
+            spare_label: Some("example.com/idle".into()),
+            spare_gpus_label: "example.com/idle-gpus".into(),
+            ..Vocabulary::default()
+        };
+        let set = LabelPatch {
+            node: "a".into(),
+            spare_gpus: Some(2),
+        };
+        assert_eq!(
+            set.merge_patch(&names),
+            serde_json::json!({"metadata": {"labels": {
+                "example.com/idle": "true", "example.com/idle-gpus": "2"}}})
         );
     }
 }

@@ -7,6 +7,10 @@
 //! - [`server`] and [`tls`]: HTTPS with hot-reloaded certificates.
 //! - [`certs`]: `nightshift certs generate`.
 //!
+//! The names it selects by and writes (research and lent labels, the research PriorityClass, the
+//! pool label and taints, the spare label, the GPU resource) come from [`crate::vocabulary`],
+//! shared with the pool controller, so that the pool counts as research what the webhook marks.
+//!
 //! Why the triple `priorityClassName`/`priority`/`preemptionPolicy`: the built-in `Priority`
 //! admission plugin runs before mutating webhooks and fills `priority` and `preemptionPolicy`
 //! from the pod's class (or the globalDefault one). When a webhook changes the pod, the API
@@ -25,8 +29,8 @@ use std::{collections::BTreeSet, net::SocketAddr, path::PathBuf, sync::Arc, time
 
 use clap::{ArgAction, Args};
 
-use crate::{duration::parse_duration, runtime::Context};
-use mutate::{Policy, PoolSelector, PoolTaint, SparePreference};
+use crate::{duration::parse_duration, runtime::Context, vocabulary::Vocabulary};
+use mutate::Policy;
 
 /// Errors of the webhook. Request errors become HTTP 400 or invalid-request responses in one
 /// place ([`review`]); the others stop start-up with a message saying what to fix.
@@ -86,8 +90,6 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    #[error("invalid webhook option: {0}")]
-    Option(String),
 }
 
 /// Webhook options. Every one is also an environment variable.
@@ -117,14 +119,6 @@ pub struct WebhookArgs {
     #[arg(long, env = "NIGHTSHIFT_WEBHOOK_MAX_BODY_BYTES", default_value_t = 3 * 1024 * 1024)]
     pub webhook_max_body_bytes: usize,
 
-    /// Label that selects research pods when it is "true" on the namespace or the pod.
-    #[arg(
-        long,
-        env = "NIGHTSHIFT_WEBHOOK_SELECTION_LABEL",
-        default_value = "nightshift.io/research"
-    )]
-    pub webhook_selection_label: String,
-
     /// Namespaces whose pods are never touched (comma-separated).
     #[arg(
         long,
@@ -134,68 +128,9 @@ pub struct WebhookArgs {
     )]
     pub webhook_excluded_namespaces: Vec<String>,
 
-    /// PriorityClass given to research pods; empty leaves priority alone.
-    #[arg(
-        long,
-        env = "NIGHTSHIFT_WEBHOOK_PRIORITY_CLASS",
-        default_value = "nightshift-research"
-    )]
-    pub webhook_priority_class: String,
-
-    /// Extended resource that makes a pod a GPU pod.
-    #[arg(
-        long,
-        env = "NIGHTSHIFT_WEBHOOK_GPU_RESOURCE",
-        default_value = "nvidia.com/gpu"
-    )]
-    pub webhook_gpu_resource: String,
-
-    /// Node label of the GPU pool; GPU research pods require it. Empty: no required affinity.
-    #[arg(
-        long,
-        env = "NIGHTSHIFT_WEBHOOK_POOL_LABEL",
-        default_value = "nightshift.io/pool"
-    )]
-    pub webhook_pool_label: String,
-
-    /// Pool names (values of the pool label) allowed; empty: any pool (`Exists`).
-    #[arg(
-        long,
-        env = "NIGHTSHIFT_WEBHOOK_POOLS",
-        value_delimiter = ',',
-        default_value = ""
-    )]
-    pub webhook_pools: Vec<String>,
-
-    /// Node label marking spare nodes, preferred for GPU research pods. Empty: no preference.
-    #[arg(
-        long,
-        env = "NIGHTSHIFT_WEBHOOK_SPARE_LABEL",
-        default_value = "nightshift.io/spare"
-    )]
-    pub webhook_spare_label: String,
-
-    /// Weight (1-100) of the spare-node preference.
-    #[arg(long, env = "NIGHTSHIFT_WEBHOOK_SPARE_WEIGHT", default_value_t = 100, value_parser = clap::value_parser!(i32).range(1..=100))]
+    /// Weight (1-100) of the preference for nodes carrying the spare label.
+    #[arg(long, env = "NIGHTSHIFT_WEBHOOK_SPARE_WEIGHT", default_value_t = mutate::DEFAULT_SPARE_WEIGHT, value_parser = clap::value_parser!(i32).range(1..=100))]
     pub webhook_spare_weight: i32,
-
-    /// Taints of the GPU pool that GPU research pods tolerate, as `key[=value]:Effect`
-    /// (comma-separated; empty for none).
-    #[arg(
-        long,
-        env = "NIGHTSHIFT_WEBHOOK_POOL_TAINTS",
-        value_delimiter = ',',
-        default_value = "nvidia.com/gpu:NoSchedule"
-    )]
-    pub webhook_pool_taints: Vec<String>,
-
-    /// Label set to "true" on research pods. Empty: no label.
-    #[arg(
-        long,
-        env = "NIGHTSHIFT_WEBHOOK_LENT_LABEL",
-        default_value = "nightshift.io/lent"
-    )]
-    pub webhook_lent_label: String,
 
     /// Upper bound for research pods' terminationGracePeriodSeconds (never raised). 0 leaves
     /// it alone.
@@ -208,62 +143,36 @@ pub struct WebhookArgs {
     pub webhook_max_grace_period: Duration,
 }
 
-fn non_empty(s: &str) -> Option<String> {
-    let s = s.trim();
-    (!s.is_empty()).then(|| s.to_string())
-}
-
 impl WebhookArgs {
-    /// The mutation policy these options describe.
-    pub fn policy(&self) -> Result<Policy, Error> {
-        let pool_taints = self
-            .webhook_pool_taints
-            .iter()
-            .filter(|t| !t.trim().is_empty())
-            .map(|t| t.parse::<PoolTaint>())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(Error::Option)?;
-        let selection_label = non_empty(&self.webhook_selection_label)
-            .ok_or_else(|| Error::Option("--webhook-selection-label must not be empty".into()))?;
+    /// The mutation policy these options describe, with the shared `names`.
+    pub fn policy(&self, names: &Vocabulary) -> Policy {
         let grace = self.webhook_max_grace_period.as_secs();
-        Ok(Policy {
-            selection_label,
-            excluded_namespaces: self
-                .webhook_excluded_namespaces
-                .iter()
-                .filter_map(|n| non_empty(n))
-                .collect::<BTreeSet<_>>(),
-            priority_class: non_empty(&self.webhook_priority_class),
-            gpu_resource: self.webhook_gpu_resource.trim().to_string(),
-            pool: non_empty(&self.webhook_pool_label).map(|key| PoolSelector {
-                key,
-                values: self
-                    .webhook_pools
-                    .iter()
-                    .filter_map(|p| non_empty(p))
-                    .collect(),
-            }),
-            spare: non_empty(&self.webhook_spare_label).map(|key| SparePreference {
-                key,
-                value: mutate::TRUE.into(),
-                weight: self.webhook_spare_weight,
-            }),
-            pool_taints,
-            lent_label: non_empty(&self.webhook_lent_label),
-            max_grace_period_seconds: (grace > 0).then(|| i64::try_from(grace).unwrap_or(i64::MAX)),
-        })
+        let mut policy = Policy::new(names);
+        policy.excluded_namespaces = self
+            .webhook_excluded_namespaces
+            .iter()
+            .map(|n| n.trim())
+            .filter(|n| !n.is_empty())
+            .map(String::from)
+            .collect::<BTreeSet<_>>();
+        if let Some(spare) = policy.spare.as_mut() {
+            spare.weight = self.webhook_spare_weight;
+        }
+        policy.max_grace_period_seconds =
+            (grace > 0).then(|| i64::try_from(grace).unwrap_or(i64::MAX));
+        policy
     }
 }
 
 /// Starts the webhook: caches (watches), HTTPS server, certificate reload. Without a cluster it
 /// logs that the webhook is off and returns: it cannot tell research namespaces or read
 /// PriorityClasses without one.
-pub async fn start(args: WebhookArgs, ctx: &mut Context) -> Result<(), Error> {
+pub async fn start(args: WebhookArgs, names: &Vocabulary, ctx: &mut Context) -> Result<(), Error> {
     if !args.webhook_enabled {
         tracing::info!("admission webhook disabled (--webhook-enabled=false)");
         return Ok(());
     }
-    let policy = args.policy()?;
+    let policy = args.policy(names);
     let Some(client) = ctx.kube.clone() else {
         tracing::warn!(
             "admission webhook OFF: no Kubernetes cluster configured, so namespaces and \
@@ -322,18 +231,25 @@ pub async fn start_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vocabulary::VocabularyArgs;
     use clap::Parser;
+    use k8s_openapi::api::core::v1::Pod;
+    use mutate::{PriorityClassInfo, Selection};
+    use std::collections::BTreeMap;
 
     #[derive(Debug, Parser)]
     struct Cmd {
         #[command(flatten)]
+        vocabulary: VocabularyArgs,
+        #[command(flatten)]
         webhook: WebhookArgs,
     }
 
-    fn policy_from(args: &[&str]) -> Result<Policy, Error> {
+    fn policy_from(args: &[&str]) -> Result<Policy, String> {
         let cmd = Cmd::try_parse_from(std::iter::once("nightshift").chain(args.iter().copied()))
-            .map_err(|e| Error::Option(e.to_string()))?;
-        cmd.webhook.policy()
+            .map_err(|e| e.to_string())?;
+        let names = cmd.vocabulary.checked().map_err(|e| e.to_string())?;
+        Ok(cmd.webhook.policy(&names))
     }
 
     #[test]
@@ -344,11 +260,11 @@ mod tests {
     #[test]
     fn empty_options_switch_each_part_off() {
         let policy = policy_from(&[
-            "--webhook-priority-class=",
-            "--webhook-pool-label=",
-            "--webhook-spare-label=",
-            "--webhook-pool-taints=",
-            "--webhook-lent-label=",
+            "--research-priority-class=",
+            "--pool-label=",
+            "--spare-label=",
+            "--pool-taints=",
+            "--lent-label=",
             "--webhook-max-grace-period=0s",
         ])
         .expect("valid");
@@ -363,8 +279,8 @@ mod tests {
     #[test]
     fn pools_and_taints_are_parsed() {
         let policy = policy_from(&[
-            "--webhook-pools=h100,a100",
-            "--webhook-pool-taints=nvidia.com/gpu=present:NoSchedule,dedicated:NoExecute",
+            "--pools=h100,a100",
+            "--pool-taints=nvidia.com/gpu=present:NoSchedule,dedicated:NoExecute",
         ])
         .expect("valid");
         assert_eq!(
@@ -372,8 +288,45 @@ mod tests {
             Some(vec!["h100".to_string(), "a100".to_string()])
         );
         assert_eq!(policy.pool_taints.len(), 2);
-        let err = policy_from(&["--webhook-pool-taints=nonsense"]).expect_err("invalid");
-        assert!(err.to_string().contains("key[=value]:Effect"), "{err}");
+        let err = policy_from(&["--pool-taints=nonsense"]).expect_err("invalid");
+        assert!(err.contains("key[=value]:Effect"), "{err}");
         assert!(policy_from(&["--webhook-spare-weight=0"]).is_err());
+    }
+
+    #[test]
+    fn the_mutation_uses_the_names_set_once() {
+        let policy = policy_from(&[
+            "--research-label=example.com/research",
+            "--research-priority-class=scavenger",
+            "--lent-label=example.com/borrowed",
+        ])
+        .expect("valid");
+        let classes: BTreeMap<String, PriorityClassInfo> = [(
+            "scavenger".to_string(),
+            PriorityClassInfo {
+                value: -5000,
+                preemption_policy: "Never".into(),
+            },
+        )]
+        .into();
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "train", "labels": {"example.com/research": "true"}},
+            "spec": {"containers": [{"name": "main", "image": "trainer:1",
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+        }))
+        .expect("pod");
+        let m = mutate::mutate(&pod, "team-a", &BTreeMap::new(), &policy, &classes)
+            .expect("not denied");
+        assert_eq!(m.selection, Selection::Research { gpu: true });
+        let patch = serde_json::to_string(&m.patch).expect("patch");
+        assert!(
+            patch.contains(r#""path":"/spec/priorityClassName","value":"scavenger""#),
+            "{patch}"
+        );
+        assert!(
+            patch.contains(r#""path":"/metadata/labels/example.com~1borrowed","value":"true""#),
+            "{patch}"
+        );
+        assert!(!patch.contains("nightshift-research"), "{patch}");
     }
 }

@@ -17,12 +17,17 @@ use k8s_openapi::api::core::v1::{
 };
 use serde_json::{Value, json};
 
+use crate::vocabulary::Vocabulary;
+
 /// Annotation the kubelet puts on mirror pods (static pods reflected into the API). They cannot
 /// be scheduled or preempted, so they are never touched.
 pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
-/// Value of the research selection label and of the lent label.
-pub const TRUE: &str = "true";
+pub use crate::vocabulary::{PoolTaint, TRUE};
+
+/// Weight of the spare-node preference: the strongest the scheduler allows, so that a spare node
+/// wins over any other soft preference the pod carries.
+pub const DEFAULT_SPARE_WEIGHT: i32 = 100;
 
 /// `preemptionPolicy` the API server assumes when a PriorityClass does not set one.
 const DEFAULT_PREEMPTION_POLICY: &str = "PreemptLowerPriority";
@@ -57,44 +62,6 @@ pub trait PriorityClasses {
 impl PriorityClasses for BTreeMap<String, PriorityClassInfo> {
     fn priority_class(&self, name: &str) -> Option<PriorityClassInfo> {
         self.get(name).cloned()
-    }
-}
-
-/// A taint of the GPU pool that research pods must tolerate. `value: None` means "any value":
-/// the toleration added uses `operator: Exists`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PoolTaint {
-    pub key: String,
-    pub value: Option<String>,
-    pub effect: String,
-}
-
-impl std::str::FromStr for PoolTaint {
-    type Err = String;
-
-    /// Parses `key[=value]:Effect`, e.g. `nvidia.com/gpu:NoSchedule`.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let s = s.trim();
-        let (kv, effect) = s
-            .rsplit_once(':')
-            .ok_or_else(|| format!("{s:?} is not a taint: expected key[=value]:Effect"))?;
-        if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
-            return Err(format!(
-                "{s:?}: effect must be NoSchedule, PreferNoSchedule or NoExecute"
-            ));
-        }
-        let (key, value) = match kv.split_once('=') {
-            Some((k, v)) => (k, Some(v.to_string())),
-            None => (kv, None),
-        };
-        if key.is_empty() {
-            return Err(format!("{s:?}: the taint key is empty"));
-        }
-        Ok(Self {
-            key: key.to_string(),
-            value,
-            effect: effect.to_string(),
-        })
     }
 }
 
@@ -139,33 +106,34 @@ pub struct Policy {
 }
 
 impl Default for Policy {
-    /// The defaults of the project's naming conventions.
+    /// The policy of the default names ([`Vocabulary::default`]).
     fn default() -> Self {
+        Self::new(&Vocabulary::default())
+    }
+}
+
+impl Policy {
+    /// The policy for `names`, every other part at its default.
+    pub fn new(names: &Vocabulary) -> Self {
         Self {
-            selection_label: "nightshift.io/research".into(),
+            selection_label: names.research_label.clone(),
             excluded_namespaces: ["kube-system", "kube-node-lease", "nightshift-system"]
                 .into_iter()
                 .map(String::from)
                 .collect(),
-            priority_class: Some("nightshift-research".into()),
-            gpu_resource: "nvidia.com/gpu".into(),
-            pool: Some(PoolSelector {
-                key: "nightshift.io/pool".into(),
-                values: Vec::new(),
+            priority_class: names.research_priority_class.clone(),
+            gpu_resource: names.gpu_resource.clone(),
+            pool: names.pool_label.clone().map(|key| PoolSelector {
+                key,
+                values: names.pools.clone(),
             }),
-            spare: Some(SparePreference {
-                key: "nightshift.io/spare".into(),
+            spare: names.spare_label.clone().map(|key| SparePreference {
+                key,
                 value: TRUE.into(),
-                // The strongest preference the scheduler allows: a spare node should win over
-                // any other soft preference the pod carries.
-                weight: 100,
+                weight: DEFAULT_SPARE_WEIGHT,
             }),
-            pool_taints: vec![PoolTaint {
-                key: "nvidia.com/gpu".into(),
-                value: None,
-                effect: "NoSchedule".into(),
-            }],
-            lent_label: Some("nightshift.io/lent".into()),
+            pool_taints: names.pool_taints.clone(),
+            lent_label: names.lent_label.clone(),
             // Kubernetes' own default: long enough for a clean exit, short enough that
             // inference does not wait long for the GPUs it takes back.
             max_grace_period_seconds: Some(30),

@@ -145,8 +145,8 @@ impl Nightshift {
             format!("--webhook-key={}", certs.join("tls.key").display()),
             format!("--webhook-cert-reload-interval={CERT_RELOAD}"),
             // The kwok pool's taint, which research GPU pods must tolerate.
-            format!("--webhook-pool-taints={POOL_LABEL}={POOL}:NoSchedule"),
-            format!("--pool-node-selector={POOL_LABEL}"),
+            format!("--pool-taints={POOL_LABEL}={POOL}:NoSchedule"),
+            format!("--pool-label={POOL_LABEL}"),
             format!("--pool-lease-namespace={NAMESPACE}"),
             format!("--pool-identity={IDENTITY}"),
             // A SIGTERM'd nightshift should not hold the test for the production 20 s.

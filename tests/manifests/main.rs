@@ -15,6 +15,9 @@ mod schema;
 mod select;
 
 use base64::Engine as _;
+use nightshift::vocabulary::{
+    INFERENCE_PRIORITY_CLASS, RESEARCH_LABEL, RESEARCH_PRIORITY_CLASS, TRUE,
+};
 use serde_json::Value;
 
 use render::{Rendered, Workspace};
@@ -240,6 +243,105 @@ fn priority_classes_put_research_below_everything_and_inference_above_it() {
     for class in [research, inference] {
         assert_eq!(class["globalDefault"], false);
     }
+}
+
+/// Every `nightshift.io/...` label key written anywhere in `object`.
+fn nightshift_label_keys(object: &Value) -> Vec<String> {
+    let text = object.to_string();
+    text.match_indices("nightshift.io/")
+        .map(|(i, _)| {
+            let rest = &text[i..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || "./-_".contains(c)))
+                .unwrap_or(rest.len());
+            rest[..end].to_string()
+        })
+        .collect()
+}
+
+/// The single-quoted string literals of a CEL expression.
+fn cel_literals(expression: &Value) -> Vec<&str> {
+    expression
+        .as_str()
+        .expect("CEL expression")
+        .split('\'')
+        .skip(1)
+        .step_by(2)
+        .collect()
+}
+
+/// The admission objects name the research label and the PriorityClasses exactly as the
+/// binary's defaults do, so that an unconfigured nightshift and its manifests agree.
+#[test]
+fn admission_objects_use_the_default_vocabulary() {
+    let Some(ws) = workspace() else { return };
+    let base = ws.render("manifests/base");
+
+    let mut classes: Vec<&str> = base
+        .all("PriorityClass")
+        .into_iter()
+        .map(|c| c["metadata"]["name"].as_str().expect("name"))
+        .collect();
+    classes.sort_unstable();
+    let mut expected = [RESEARCH_PRIORITY_CLASS, INFERENCE_PRIORITY_CLASS];
+    expected.sort_unstable();
+    assert_eq!(classes, expected);
+
+    let config = base.get("MutatingWebhookConfiguration", "nightshift");
+    for w in config["webhooks"].as_array().expect("webhooks") {
+        let name = &w["name"];
+        let research: Vec<&Value> = w["namespaceSelector"]["matchExpressions"]
+            .as_array()
+            .expect("namespace matchExpressions")
+            .iter()
+            .filter(|e| e["key"] != "kubernetes.io/metadata.name")
+            .collect();
+        assert_eq!(research.len(), 1, "{name}: {research:?}");
+        assert_eq!(research[0]["key"], RESEARCH_LABEL, "{name}");
+        assert_eq!(strings(&research[0]["values"]), [TRUE], "{name}");
+        if let Some(pod_labels) = w["objectSelector"]["matchLabels"].as_object() {
+            assert_eq!(
+                pod_labels.iter().collect::<Vec<_>>(),
+                [(&RESEARCH_LABEL.to_string(), &Value::from(TRUE))],
+                "{name}"
+            );
+        }
+    }
+    let keys = nightshift_label_keys(config);
+    assert!(!keys.is_empty());
+    assert!(keys.iter().all(|k| k == RESEARCH_LABEL), "{keys:?}");
+
+    let policy = base.get("ValidatingAdmissionPolicy", "nightshift-research-priority");
+    let spec = &policy["spec"];
+    let variables = spec["variables"].as_array().expect("variables");
+    let mut research_literals: Vec<&str> = variables
+        .iter()
+        .flat_map(|v| cel_literals(&v["expression"]))
+        .collect();
+    research_literals.sort_unstable();
+    research_literals.dedup();
+    assert_eq!(research_literals, [RESEARCH_LABEL, TRUE]);
+    let validations = spec["validations"].as_array().expect("validations");
+    let class_literals: Vec<&str> = validations
+        .iter()
+        .flat_map(|v| cel_literals(&v["expression"]))
+        .filter(|l| l.starts_with("nightshift"))
+        .collect();
+    assert_eq!(class_literals, [RESEARCH_PRIORITY_CLASS]);
+    for v in validations {
+        for message in [&v["message"], &v["messageExpression"]] {
+            let text = message.as_str().unwrap_or_default();
+            for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')) {
+                assert!(
+                    !word.starts_with("nightshift-") || word == RESEARCH_PRIORITY_CLASS,
+                    "the admission policy's message names {word:?}: {text}"
+                );
+            }
+        }
+    }
+    let keys = nightshift_label_keys(policy);
+    assert!(!keys.is_empty());
+    assert!(keys.iter().all(|k| k == RESEARCH_LABEL), "{keys:?}");
 }
 
 fn the_container(deployment: &Value) -> &Value {

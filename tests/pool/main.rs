@@ -8,12 +8,14 @@ use std::{
 
 use jiff::Timestamp;
 use kube::runtime::watcher;
-use nightshift::pool::{
-    self,
-    accounting::DEFAULT_GPU_RESOURCE,
-    controller::{Controller, Metrics, Policy},
-    fixtures::{node, pod},
-    windows::Windows,
+use nightshift::{
+    pool::{
+        controller::{Controller, Metrics, Policy},
+        fixtures::{node, pod},
+        report, run,
+        windows::Windows,
+    },
+    vocabulary::Vocabulary,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -43,7 +45,7 @@ fn controller() -> Arc<Mutex<Controller>> {
     let now = Timestamp::now();
     let mut c = Controller::new(
         Policy {
-            gpu_resource: DEFAULT_GPU_RESOURCE.to_string(),
+            vocabulary: Vocabulary::default(),
             headroom: 4,
             windows: Windows::default(),
         },
@@ -80,8 +82,10 @@ fn controller() -> Arc<Mutex<Controller>> {
 
 #[tokio::test]
 async fn status_is_served_as_json_and_read_back_unchanged() {
-    let server = serve(pool::status_routes(controller())).await;
-    let report = pool::report_from_server(&server.url).await.expect("status");
+    let server = serve(run::status_routes(controller())).await;
+    let report = report::report_from_server(&server.url)
+        .await
+        .expect("status");
     assert_eq!(report.nodes.len(), 3);
     assert_eq!(report.leader, Some(true));
     assert_eq!(report.totals.lent, 6);
@@ -98,8 +102,8 @@ async fn status_is_served_as_json_and_read_back_unchanged() {
 
 #[tokio::test]
 async fn status_of_a_controller_that_is_off_is_a_clear_503() {
-    let server = serve(pool::off_routes()).await;
-    let err = pool::report_from_server(&server.url)
+    let server = serve(run::off_routes()).await;
+    let err = report::report_from_server(&server.url)
         .await
         .expect_err("off");
     let msg = err.to_string();
@@ -123,7 +127,7 @@ async fn run_status_command(url: &str) -> std::process::Output {
 
 #[tokio::test]
 async fn the_status_command_prints_tables_from_a_running_nightshift() {
-    let server = serve(pool::status_routes(controller())).await;
+    let server = serve(run::status_routes(controller())).await;
     let out = run_status_command(&server.url).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -142,7 +146,7 @@ async fn the_status_command_prints_tables_from_a_running_nightshift() {
 
 #[tokio::test]
 async fn the_status_command_fails_clearly_when_nightshift_cannot_answer() {
-    let server = serve(pool::off_routes()).await;
+    let server = serve(run::off_routes()).await;
     let out = run_status_command(&server.url).await;
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -1,0 +1,263 @@
+//! The running GPU-pool controller: leader election over a Lease, the node and pod watches
+//! feeding the [`Controller`], the label patches it asks for, and the `/status` route.
+//!
+//! Transport only: every decision is the controller's. Started by [`start`].
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use axum::{Json, Router, extract::State, routing::get};
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::{
+    Api,
+    api::{Patch, PatchParams},
+    runtime::{WatchStreamExt, watcher},
+};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Error, PoolArgs,
+    controller::{Controller, Metrics},
+    lease::{Elector, LeaseClient, Timing},
+    marks::LabelPatch,
+    node_selector,
+};
+use crate::{admin::ReadyHandle, runtime::Context, vocabulary::Vocabulary};
+
+/// Field manager name for the label patches.
+const FIELD_MANAGER: &str = "nightshift-pool";
+/// How often marks are recomputed: events arrive in bursts (a job of 64 pods), so reconciling
+/// once a second patches each node once per burst, not once per pod, and keeps marks at most a
+/// second behind.
+const RECONCILE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Starts the GPU-pool controller with the shared names: watches, leader election, marks,
+/// metrics, `/status`.
+pub async fn start(args: PoolArgs, vocabulary: Vocabulary, ctx: &mut Context) -> Result<(), Error> {
+    let PoolArgs {
+        lending,
+        lease_namespace,
+        lease_name,
+        identity,
+        lease_duration,
+    } = args;
+    let selector = node_selector(&vocabulary)?;
+    let policy = lending.policy(vocabulary)?;
+    let Some(client) = ctx.kube.clone() else {
+        tracing::warn!(
+            "no Kubernetes cluster: the GPU-pool controller is off (no spare marks, no preemption \
+             tracking; /status answers 503)"
+        );
+        ctx.add_admin_routes(off_routes());
+        return Ok(());
+    };
+    let identity = identity
+        .or_else(|| std::env::var("POD_NAME").ok())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| format!("nightshift-{}", std::process::id()));
+    tracing::info!(
+        %identity,
+        %selector,
+        resource = %policy.vocabulary.gpu_resource,
+        headroom = policy.headroom,
+        windows = %policy.windows,
+        "starting the GPU-pool controller"
+    );
+    let patcher = KubePatcher {
+        nodes: Api::all(client.clone()),
+        vocabulary: policy.vocabulary.clone(),
+    };
+    let metrics = Metrics::default();
+    metrics.register(&mut ctx.registry);
+    let controller: Shared = Arc::new(Mutex::new(Controller::new(policy, metrics)));
+    ctx.add_admin_routes(status_routes(controller.clone()));
+    let ready = ctx.readiness.register("pool caches synced");
+
+    let (leader_tx, leader_rx) = watch::channel(false);
+    let elector = Elector::new(identity, Timing::from_lease_duration(lease_duration));
+    let leases = LeaseClient::new(client.clone(), &lease_namespace, &lease_name);
+    let token = ctx.supervisor.shutdown_token();
+    ctx.supervisor.spawn("pool-lease", {
+        let token = token.clone();
+        async move {
+            elect(leases, elector, leader_tx, token).await;
+            Ok(())
+        }
+    });
+    ctx.supervisor.spawn("pool-controller", async move {
+        watch_and_patch(
+            client, selector, controller, patcher, leader_rx, ready, token,
+        )
+        .await?;
+        Ok(())
+    });
+    Ok(())
+}
+
+/// The `/status` route over a running controller.
+pub fn status_routes(controller: Shared) -> Router {
+    Router::new()
+        .route(
+            "/status",
+            get(|State(c): State<Shared>| async move {
+                let report = lock(&c).status(Timestamp::now());
+                Json(report)
+            }),
+        )
+        .with_state(controller)
+}
+
+/// The `/status` route when the controller is off.
+pub fn off_routes() -> Router {
+    Router::new().route("/status", get(|| async { Error::Off }))
+}
+
+/// Runs election rounds until shutdown, publishing whether we lead; releases the Lease at the end.
+async fn elect(
+    leases: LeaseClient,
+    mut elector: Elector,
+    leader: watch::Sender<bool>,
+    token: CancellationToken,
+) {
+    loop {
+        if let Err(e) = leases.round(&mut elector).await {
+            tracing::warn!(error = %e, "pool controller election round failed; retrying");
+        }
+        let now_leader = elector.is_leader(tokio::time::Instant::now());
+        leader.send_if_modified(|l| {
+            let changed = *l != now_leader;
+            *l = now_leader;
+            changed
+        });
+        tokio::select! {
+            () = token.cancelled() => break,
+            () = tokio::time::sleep(elector.timing.retry_period) => {}
+        }
+    }
+    leader.send_replace(false);
+    if elector.is_leader(tokio::time::Instant::now())
+        && let Err(e) = leases.release(&elector).await
+    {
+        tracing::warn!(error = %e, "could not release the pool controller lease");
+    }
+}
+
+/// Feeds the controller from the watches of pool nodes and of every pod, follows the
+/// leadership, and sends the patches the controller asks for on every tick. Runs until shutdown
+/// (or until a watch ends, which is an error).
+async fn watch_and_patch(
+    client: kube::Client,
+    selector: String,
+    controller: Shared,
+    patcher: KubePatcher,
+    mut leader: watch::Receiver<bool>,
+    ready: ReadyHandle,
+    token: CancellationToken,
+) -> Result<(), Error> {
+    let mut nodes = watcher(
+        Api::<Node>::all(client.clone()),
+        watcher::Config::default().labels(&selector),
+    )
+    .default_backoff()
+    .boxed();
+    let mut pods = watcher(Api::<Pod>::all(client), watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut tick = tokio::time::interval(RECONCILE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = token.cancelled() => return Ok(()),
+            event = nodes.next() => match event {
+                Some(Ok(e)) => lock(&controller).on_node_event(e),
+                Some(Err(e)) => tracing::warn!(error = %e, "pool node watch failed; retrying"),
+                None => return Err(Error::WatchEnded("nodes")),
+            },
+            event = pods.next() => match event {
+                Some(Ok(e)) => lock(&controller).on_pod_event(e, Timestamp::now()),
+                Some(Err(e)) => tracing::warn!(error = %e, "pod watch failed; retrying"),
+                None => return Err(Error::WatchEnded("pods")),
+            },
+            changed = leader.changed() => {
+                if changed.is_err() {
+                    // The election task ended: only at shutdown.
+                    return Ok(());
+                }
+                let now_leader = *leader.borrow_and_update();
+                tracing::info!(leader = now_leader, "pool controller leadership changed");
+                lock(&controller).set_leader(now_leader);
+            }
+            _ = tick.tick() => {
+                reconcile_once(&controller, &patcher).await;
+                ready.set(lock(&controller).synced());
+            }
+        }
+    }
+}
+
+/// One reconcile pass: recompute, then send the patches (outside the lock).
+pub async fn reconcile_once(controller: &Mutex<Controller>, patcher: &impl NodePatcher) -> usize {
+    let patches = lock(controller).reconcile(Timestamp::now(), tokio::time::Instant::now());
+    let mut sent = 0;
+    for p in &patches {
+        match patcher.patch(p).await {
+            Ok(()) => {
+                tracing::info!(node = %p.node, spare_gpus = p.spare_gpus, "spare marks updated");
+                lock(controller).patched(p);
+                sent += 1;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "spare marks not updated; retrying next pass");
+                lock(controller).metrics().patched(false);
+            }
+        }
+    }
+    sent
+}
+
+/// Sends spare-mark label patches.
+pub trait NodePatcher {
+    fn patch(
+        &self,
+        patch: &LabelPatch,
+    ) -> impl std::future::Future<Output = Result<(), Error>> + Send;
+}
+
+/// Patches node labels through the API server (merge patch of `metadata.labels`), with the
+/// label names of `vocabulary`.
+pub struct KubePatcher {
+    pub nodes: Api<Node>,
+    pub vocabulary: Vocabulary,
+}
+
+impl NodePatcher for KubePatcher {
+    async fn patch(&self, patch: &LabelPatch) -> Result<(), Error> {
+        let params = PatchParams::default();
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..params
+        };
+        let merge = Patch::Merge(patch.merge_patch(&self.vocabulary));
+        match self.nodes.patch(&patch.node, &params, &merge).await {
+            Ok(_) => Ok(()),
+            // The node is gone: nothing to unmark.
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(source) => Err(Error::Patch {
+                node: patch.node.clone(),
+                source,
+            }),
+        }
+    }
+}
+
+/// The controller, shared between the watch loop and the `/status` handler.
+type Shared = Arc<Mutex<Controller>>;
+
+fn lock(c: &Mutex<Controller>) -> MutexGuard<'_, Controller> {
+    // The controller's methods leave it consistent between statements; a panic elsewhere while
+    // holding the lock does not make the data unusable.
+    c.lock().unwrap_or_else(|p| p.into_inner())
+}
