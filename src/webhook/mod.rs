@@ -26,7 +26,7 @@ use std::{collections::BTreeSet, net::SocketAddr, path::PathBuf, sync::Arc, time
 use clap::{ArgAction, Args};
 
 use crate::{duration::parse_duration, runtime::Context};
-use mutate::{Policy, PoolSelector, PoolTaint, SparePreference};
+use mutate::{Policy, PoolSelector, PoolTaint, SpareGate, SparePlacement};
 
 /// Errors of the webhook. Request errors become HTTP 400 or invalid-request responses in one
 /// place ([`review`]); the others stop start-up with a message saying what to fix.
@@ -167,7 +167,8 @@ pub struct WebhookArgs {
     )]
     pub webhook_pools: Vec<String>,
 
-    /// Node label marking spare nodes, preferred for GPU research pods. Empty: no preference.
+    /// Node label marking spare nodes, the only nodes GPU research pods may start on (see
+    /// `--webhook-spare-placement`). Empty: no spare gate.
     #[arg(
         long,
         env = "NIGHTSHIFT_WEBHOOK_SPARE_LABEL",
@@ -175,7 +176,18 @@ pub struct WebhookArgs {
     )]
     pub webhook_spare_label: String,
 
-    /// Weight (1-100) of the spare-node preference.
+    /// How GPU research pods are held to spare nodes: `required` (a node without the mark takes
+    /// no new research pod: headroom and lending windows hold) or `preferred` (spare nodes first,
+    /// then any pool node, headroom included).
+    #[arg(
+        long,
+        env = "NIGHTSHIFT_WEBHOOK_SPARE_PLACEMENT",
+        value_enum,
+        default_value_t = SparePlacementArg::Required
+    )]
+    pub webhook_spare_placement: SparePlacementArg,
+
+    /// Weight (1-100) of the spare-node preference with `--webhook-spare-placement preferred`.
     #[arg(long, env = "NIGHTSHIFT_WEBHOOK_SPARE_WEIGHT", default_value_t = 100, value_parser = clap::value_parser!(i32).range(1..=100))]
     pub webhook_spare_weight: i32,
 
@@ -206,6 +218,13 @@ pub struct WebhookArgs {
         value_parser = parse_duration
     )]
     pub webhook_max_grace_period: Duration,
+}
+
+/// `--webhook-spare-placement`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SparePlacementArg {
+    Required,
+    Preferred,
 }
 
 fn non_empty(s: &str) -> Option<String> {
@@ -243,10 +262,15 @@ impl WebhookArgs {
                     .filter_map(|p| non_empty(p))
                     .collect(),
             }),
-            spare: non_empty(&self.webhook_spare_label).map(|key| SparePreference {
+            spare: non_empty(&self.webhook_spare_label).map(|key| SpareGate {
                 key,
                 value: mutate::TRUE.into(),
-                weight: self.webhook_spare_weight,
+                placement: match self.webhook_spare_placement {
+                    SparePlacementArg::Required => SparePlacement::Required,
+                    SparePlacementArg::Preferred => SparePlacement::Preferred {
+                        weight: self.webhook_spare_weight,
+                    },
+                },
             }),
             pool_taints,
             lent_label: non_empty(&self.webhook_lent_label),
