@@ -188,14 +188,20 @@ fn admission_policy_requires_the_research_class_on_research_pods() {
     let base = ws.render("manifests/base");
     let policy = base.get("ValidatingAdmissionPolicy", "nightshift-research-priority");
     assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    assert_eq!(policy["spec"]["paramKind"]["kind"], "PriorityClass");
+    assert_eq!(
+        policy["spec"]["paramKind"]["apiVersion"],
+        "scheduling.k8s.io/v1"
+    );
     let rules = &policy["spec"]["matchConstraints"]["resourceRules"][0];
     assert_eq!(strings(&rules["operations"]), ["CREATE"]);
     assert_eq!(strings(&rules["resources"]), ["pods"]);
+    // The webhook's rule: the research class, or a class no higher that never preempts.
     let text = policy.to_string();
     for needle in [
-        "nightshift.io/research",
-        "'nightshift-research'",
-        "namespaceObject",
+        "params.metadata.name",
+        "object.spec.priority <= params.value",
+        "preemptionPolicy == 'Never'",
     ] {
         assert!(text.contains(needle), "policy does not mention {needle}");
     }
@@ -206,15 +212,29 @@ fn admission_policy_requires_the_research_class_on_research_pods() {
             "{ns} must be excluded"
         );
     }
-    let binding = base.get(
-        "ValidatingAdmissionPolicyBinding",
-        "nightshift-research-priority",
-    );
-    assert_eq!(
-        binding["spec"]["policyName"],
-        "nightshift-research-priority"
-    );
-    assert_eq!(strings(&binding["spec"]["validationActions"]), ["Deny"]);
+    // Research namespaces and research pod labels, each through its own binding: only research
+    // pods are checked, and a missing research class denies research pods only.
+    let research = labels(&[("nightshift.io/research", "true")]);
+    let plain = labels(&[("app", "vllm")]);
+    for (name, selector) in [
+        ("nightshift-research-priority-namespaces", "namespaceSelector"),
+        ("nightshift-research-priority-pods", "objectSelector"),
+    ] {
+        let binding = base.get("ValidatingAdmissionPolicyBinding", name);
+        assert_eq!(
+            binding["spec"]["policyName"],
+            "nightshift-research-priority"
+        );
+        assert_eq!(strings(&binding["spec"]["validationActions"]), ["Deny"]);
+        assert_eq!(binding["spec"]["paramRef"]["name"], "nightshift-research");
+        assert_eq!(
+            binding["spec"]["paramRef"]["parameterNotFoundAction"],
+            "Deny"
+        );
+        let sel = &binding["spec"]["matchResources"][selector];
+        assert!(select::matches(sel, &research), "{name} selects research");
+        assert!(!select::matches(sel, &plain), "{name} leaves other pods alone");
+    }
 }
 
 #[test]
