@@ -430,7 +430,12 @@ fn required_requirements(policy: &Policy) -> Vec<NodeSelectorRequirement> {
         .as_ref()
         .filter(|s| s.placement == SparePlacement::Required)
         .map(spare_requirement);
-    policy.pool.iter().map(pool_requirement).chain(spare).collect()
+    policy
+        .pool
+        .iter()
+        .map(pool_requirement)
+        .chain(spare)
+        .collect()
 }
 
 /// Same requirement, ignoring the order of values and `values: []` versus absent.

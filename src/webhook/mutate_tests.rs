@@ -340,13 +340,11 @@ fn existing_preferred_terms_are_kept_and_spare_preference_appended() {
 
 #[test]
 fn required_placement_leaves_the_users_preferences_alone() {
-    let p = pod(
-        json!({"spec": {"affinity": {"nodeAffinity": {
-            "preferredDuringSchedulingIgnoredDuringExecution": [
-                {"weight": 10, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}
-            ]
-        }}}}),
-    );
+    let p = pod(json!({"spec": {"affinity": {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 10, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}
+        ]
+    }}}}));
     let m = run(&p, &research_ns());
     assert!(
         !paths(&m).iter().any(|p| p.contains("preferredDuring")),

@@ -441,9 +441,9 @@ pub fn assert_marked(p: &Pod, gpu: bool) -> Result<()> {
     let in_every_term = |key: &str, op: &str| {
         !terms.is_empty()
             && terms.iter().all(|t| {
-                t["matchExpressions"].as_array().is_some_and(|es| {
-                    es.iter().any(|e| e["key"] == key && e["operator"] == op)
-                })
+                t["matchExpressions"]
+                    .as_array()
+                    .is_some_and(|es| es.iter().any(|e| e["key"] == key && e["operator"] == op))
             })
     };
     let pool_in_every_term = in_every_term(POOL_LABEL, "Exists");

@@ -217,7 +217,10 @@ fn admission_policy_requires_the_research_class_on_research_pods() {
     let research = labels(&[("nightshift.io/research", "true")]);
     let plain = labels(&[("app", "vllm")]);
     for (name, selector) in [
-        ("nightshift-research-priority-namespaces", "namespaceSelector"),
+        (
+            "nightshift-research-priority-namespaces",
+            "namespaceSelector",
+        ),
         ("nightshift-research-priority-pods", "objectSelector"),
     ] {
         let binding = base.get("ValidatingAdmissionPolicyBinding", name);
@@ -233,7 +236,10 @@ fn admission_policy_requires_the_research_class_on_research_pods() {
         );
         let sel = &binding["spec"]["matchResources"][selector];
         assert!(select::matches(sel, &research), "{name} selects research");
-        assert!(!select::matches(sel, &plain), "{name} leaves other pods alone");
+        assert!(
+            !select::matches(sel, &plain),
+            "{name} leaves other pods alone"
+        );
     }
 }
 
