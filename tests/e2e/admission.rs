@@ -287,10 +287,19 @@ pub async fn deploy<'a>(
     c: &'a Cluster,
     name: &str,
 ) -> Result<(Workspace, Nightshift, Registration<'a>)> {
+    deploy_with(c, name, &[]).await
+}
+
+/// [`deploy`] with extra options for `nightshift run`.
+pub async fn deploy_with<'a>(
+    c: &'a Cluster,
+    name: &str,
+    extra: &[String],
+) -> Result<(Workspace, Nightshift, Registration<'a>)> {
     let ws = Workspace::new()?;
     let registration = Registration::new(c);
     let t = Instant::now();
-    let mut ns = Nightshift::start(c, name, &c.kubeconfig, &ws.certs(), 0).await?;
+    let mut ns = Nightshift::start_with(c, name, &c.kubeconfig, &ws.certs(), 0, extra).await?;
     ws.apply_local_overlay(c, ns.webhook.port())?;
     ns.wait_ready().await?;
     eprintln!(

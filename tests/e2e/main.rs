@@ -15,6 +15,7 @@ mod admission;
 mod binary;
 mod cluster;
 mod failure;
+mod gate;
 mod harvest;
 mod keda;
 mod objects;
@@ -59,6 +60,10 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         (
             "rbac_nightshift_works_with_the_base_service_account_rules",
             |c| Box::pin(rbac::run(c)),
+        ),
+        (
+            "gate_research_binds_only_to_spare_gpus_within_lending_windows",
+            |c| Box::pin(gate::run(c)),
         ),
         (
             "scrape_discovers_pods_from_endpointslices_and_follows_them",
