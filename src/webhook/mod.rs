@@ -209,6 +209,12 @@ pub struct WebhookArgs {
     )]
     pub webhook_lent_label: String,
 
+    /// Scheduler profile given to GPU research pods that use the default scheduler, e.g. a
+    /// `nightshift-packing` profile of the cluster's kube-scheduler that scores nodes by
+    /// `MostAllocated` GPUs (see manifests/examples/scheduler). Empty: `schedulerName` untouched.
+    #[arg(long, env = "NIGHTSHIFT_WEBHOOK_SCHEDULER_NAME", default_value = "")]
+    pub webhook_scheduler_name: String,
+
     /// Upper bound for research pods' terminationGracePeriodSeconds (never raised). 0 leaves
     /// it alone.
     #[arg(
@@ -275,6 +281,7 @@ impl WebhookArgs {
             pool_taints,
             lent_label: non_empty(&self.webhook_lent_label),
             max_grace_period_seconds: (grace > 0).then(|| i64::try_from(grace).unwrap_or(i64::MAX)),
+            scheduler_name: non_empty(&self.webhook_scheduler_name),
         })
     }
 }

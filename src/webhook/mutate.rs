@@ -147,6 +147,9 @@ pub struct Policy {
     pub lent_label: Option<String>,
     /// Upper bound for `terminationGracePeriodSeconds`; `None` leaves it alone.
     pub max_grace_period_seconds: Option<i64>,
+    /// Scheduler profile for GPU research pods (one that packs them onto few nodes); `None`
+    /// leaves `schedulerName` alone.
+    pub scheduler_name: Option<String>,
 }
 
 impl Default for Policy {
@@ -178,6 +181,9 @@ impl Default for Policy {
             // Kubernetes' own default: long enough for a clean exit, short enough that
             // inference does not wait long for the GPUs it takes back.
             max_grace_period_seconds: Some(30),
+            // Off by default: the profile must exist in the cluster's kube-scheduler, or the
+            // pods would wait for a scheduler that never comes.
+            scheduler_name: None,
         }
     }
 }
@@ -294,6 +300,9 @@ pub fn mutate(
     if gpu {
         node_affinity(&mut b, spec, policy);
         tolerations(&mut b, spec, &policy.pool_taints);
+        if let Some(profile) = &policy.scheduler_name {
+            scheduler_name(&mut b, spec, profile);
+        }
     } else if policy.pool.is_some() || !policy.pool_taints.is_empty() {
         b.note_later(format!(
             "nightshift: requests no {}: low priority only, not sent to the GPU pool",
@@ -577,6 +586,31 @@ fn placement_note(policy: &Policy) -> String {
         ),
         (Some(pool), None) => format!("nightshift: restricted to GPU-pool nodes ({pool})"),
         (None, _) => "nightshift: spare GPU nodes preferred".to_string(),
+    }
+}
+
+/// The name the API server gives pods that name no scheduler.
+const DEFAULT_SCHEDULER: &str = "default-scheduler";
+
+/// Sends a GPU research pod to the packing profile, unless its creator chose another scheduler
+/// than the default one (kept: it may be the only one that can place the pod).
+fn scheduler_name(b: &mut Builder, spec: &PodSpec, profile: &str) {
+    match spec.scheduler_name.as_deref() {
+        None | Some("") | Some(DEFAULT_SCHEDULER) => {
+            b.set(
+                &["spec", "schedulerName"],
+                spec.scheduler_name.as_deref().map(|s| json!(s)),
+                json!(profile),
+            );
+            b.note_later(format!(
+                "nightshift: scheduled by profile {profile:?}, which packs research onto few \
+                 nodes so that whole nodes stay free for inference"
+            ));
+        }
+        Some(own) if own == profile => {}
+        Some(own) => b.note_later(format!(
+            "nightshift: schedulerName {own:?} kept; research is not packed by {profile:?}"
+        )),
     }
 }
 

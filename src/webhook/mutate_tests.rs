@@ -4,6 +4,8 @@ use super::*;
 use proptest::prelude::*;
 
 const NS: &str = "team-a";
+/// A packing scheduler profile's name, as a platform would configure it.
+const PACKING: &str = "nightshift-packing";
 
 fn classes() -> BTreeMap<String, PriorityClassInfo> {
     [
@@ -608,6 +610,44 @@ fn grace_period_is_capped_never_raised() {
 }
 
 #[test]
+fn packing_profile_is_given_to_gpu_research_pods_of_the_default_scheduler_only() {
+    let policy = Policy {
+        scheduler_name: Some(PACKING.into()),
+        ..Policy::default()
+    };
+    let name_after = |extra: Value| {
+        let p = pod(extra);
+        let m = mutate(&p, NS, &research_ns(), &policy, &classes()).expect("ok");
+        let patched = apply(&p, &m.patch);
+        let again = mutate(&patched, NS, &research_ns(), &policy, &classes()).expect("ok");
+        assert!(again.patch.0.is_empty(), "{}", patch_json(&again));
+        (
+            patched.spec.and_then(|s| s.scheduler_name),
+            m.warnings.join("; "),
+        )
+    };
+    let (name, warnings) = name_after(json!({}));
+    assert_eq!(name.as_deref(), Some(PACKING));
+    assert!(warnings.contains("packs research"), "{warnings}");
+    let (name, _) = name_after(json!({"spec": {"schedulerName": "default-scheduler"}}));
+    assert_eq!(name.as_deref(), Some(PACKING));
+    let (name, warnings) = name_after(json!({"spec": {"schedulerName": "volcano"}}));
+    assert_eq!(name.as_deref(), Some("volcano"), "a chosen scheduler is kept");
+    assert!(warnings.contains("\"volcano\" kept"), "{warnings}");
+    // CPU-only research pods are not sent to the GPU pool, nor to its packing profile.
+    let cpu = pod(json!({"spec": {"containers": [{"name": "c", "image": "x"}]}}));
+    let m = mutate(&cpu, NS, &research_ns(), &policy, &classes()).expect("ok");
+    assert!(
+        !patch_json(&m).to_string().contains("schedulerName"),
+        "{}",
+        patch_json(&m)
+    );
+    // Off by default.
+    let m = run(&pod(json!({})), &research_ns());
+    assert!(!patch_json(&m).to_string().contains("schedulerName"));
+}
+
+#[test]
 fn every_part_can_be_switched_off() {
     let policy = Policy {
         priority_class: None,
@@ -759,6 +799,9 @@ prop_compose! {
         priority in proptest::option::of(-10_000..2_000_000i32),
         policy in proptest::option::of(prop_oneof![Just("Never"), Just("PreemptLowerPriority")]),
         grace in proptest::option::of(0..1000i64),
+        scheduler in proptest::option::of(prop_oneof![
+            Just("default-scheduler"), Just(PACKING), Just("custom-scheduler")
+        ]),
     ) -> (BTreeMap<String, String>, Value) {
         let ns = if ns_research { research_ns() } else { plain_ns() };
         let mut labels = serde_json::Map::new();
@@ -776,6 +819,7 @@ prop_compose! {
         if let Some(p) = priority { spec["priority"] = json!(p); }
         if let Some(p) = policy { spec["preemptionPolicy"] = json!(p); }
         if let Some(g) = grace { spec["terminationGracePeriodSeconds"] = json!(g); }
+        if let Some(n) = scheduler { spec["schedulerName"] = json!(n); }
         let mut metadata = json!({"name": "p", "namespace": NS});
         if !labels.is_empty() { metadata["labels"] = Value::Object(labels); }
         (ns, json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}))
@@ -786,8 +830,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
-    fn patched_pods_are_valid_marked_and_stable((ns, doc) in arb_case(), preferred in any::<bool>()) {
-        let policy = if preferred { preferred_policy() } else { Policy::default() };
+    fn patched_pods_are_valid_marked_and_stable(
+        (ns, doc) in arb_case(), preferred in any::<bool>(), packing in any::<bool>()
+    ) {
+        let mut policy = if preferred { preferred_policy() } else { Policy::default() };
+        if packing { policy.scheduler_name = Some(PACKING.into()); }
         let pod: Pod = serde_json::from_value(doc.clone()).expect("generated pod is valid");
         let m = mutate(&pod, NS, &ns, &policy, &classes()).expect("research class exists");
 
@@ -846,7 +893,7 @@ proptest! {
             doc["spec"]["nodeSelector"] = json!({"zone": "a"});
             doc["metadata"]["annotations"] = json!({"team": "x"});
         }
-        let policy = Policy::default();
+        let policy = Policy { scheduler_name: Some(PACKING.into()), ..Policy::default() };
         let whole: Pod = serde_json::from_value(doc.clone()).expect("generated pod is valid");
         let trimmed = serde_json::from_value::<super::super::pod_fields::AdmittedPod>(doc)
             .expect("trimmed decode")

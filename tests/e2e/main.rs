@@ -19,6 +19,7 @@ mod gate;
 mod harvest;
 mod keda;
 mod objects;
+mod packing;
 mod process;
 mod rbac;
 mod scrape;
@@ -64,6 +65,10 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         (
             "gate_research_binds_only_to_spare_gpus_within_lending_windows",
             |c| Box::pin(gate::run(c)),
+        ),
+        (
+            "packing_profile_keeps_whole_nodes_free_for_inference",
+            |c| Box::pin(packing::run(c)),
         ),
         (
             "scrape_discovers_pods_from_endpointslices_and_follows_them",
