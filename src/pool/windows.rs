@@ -12,10 +12,10 @@ use jiff::{Timestamp, civil::Time, tz::TimeZone};
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum WindowError {
     #[error(
-        "lending window {0:?} must look like HH:MM-HH:MM@Area/City (e.g. 20:00-08:00@Asia/Seoul)"
+        "lending window {0:?} must look like HH:MM-HH:MM@Area/City (e.g. 20:00-08:00@Asia/Seoul; HH:MM:SS also works)"
     )]
     Shape(String),
-    #[error("lending window {spec:?}: {time:?} is not a time of day (HH:MM)")]
+    #[error("lending window {spec:?}: {time:?} is not a time of day (HH:MM or HH:MM:SS)")]
     Time { spec: String, time: String },
     #[error(
         "lending window {spec:?}: unknown time zone {zone:?} (use an IANA name such as Asia/Seoul or UTC)"
@@ -44,19 +44,29 @@ impl fmt::Display for Window {
     }
 }
 
+/// `HH:MM`, or `HH:MM:SS` for windows that must open or close to the second (tests, drills).
 fn parse_time(spec: &str, s: &str) -> Result<Time, WindowError> {
     let err = || WindowError::Time {
         spec: spec.to_string(),
         time: s.to_string(),
     };
-    let (h, m) = s.trim().split_once(':').ok_or_else(err)?;
-    let h: i8 = h.parse().map_err(|_| err())?;
-    let m: i8 = m.parse().map_err(|_| err())?;
-    if h == 24 && m == 0 {
+    let mut parts = s.trim().split(':');
+    let mut next = |required: bool| -> Result<i8, WindowError> {
+        match parts.next() {
+            Some(p) if p.len() == 2 => p.parse().map_err(|_| err()),
+            None if !required => Ok(0),
+            _ => Err(err()),
+        }
+    };
+    let (h, m, sec) = (next(true)?, next(true)?, next(false)?);
+    if parts.next().is_some() {
+        return Err(err());
+    }
+    if h == 24 && m == 0 && sec == 0 {
         // `24:00` as an end means midnight.
         return Ok(Time::midnight());
     }
-    Time::new(h, m, 0, 0).map_err(|_| err())
+    Time::new(h, m, sec, 0).map_err(|_| err())
 }
 
 impl FromStr for Window {
@@ -176,6 +186,25 @@ mod tests {
         let evening: Window = "18:00-24:00@UTC".parse().expect("window");
         assert!(evening.contains(at("2026-03-02T23:59:00Z")));
         assert!(!evening.contains(at("2026-03-02T00:00:00Z")));
+    }
+
+    #[test]
+    fn seconds_may_be_given_for_windows_that_turn_to_the_second() {
+        let w: Window = "09:30:15-09:30:45@UTC".parse().expect("window");
+        assert!(!w.contains(at("2026-03-02T09:30:14Z")));
+        assert!(w.contains(at("2026-03-02T09:30:15Z")));
+        assert!(!w.contains(at("2026-03-02T09:30:45Z")));
+        for bad in [
+            "9:30-10:00@UTC",
+            "09:30:1-10:00@UTC",
+            "09:30:00:00-10:00@UTC",
+            "09:30:60-10:00@UTC",
+        ] {
+            assert!(
+                matches!(bad.parse::<Window>(), Err(WindowError::Time { .. })),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -30,7 +30,7 @@ use std::{collections::BTreeSet, net::SocketAddr, path::PathBuf, sync::Arc, time
 use clap::{ArgAction, Args};
 
 use crate::{duration::parse_duration, runtime::Context, vocabulary::Vocabulary};
-use mutate::Policy;
+use mutate::{Policy, SparePlacement};
 
 /// Errors of the webhook. Request errors become HTTP 400 or invalid-request responses in one
 /// place ([`review`]); the others stop start-up with a message saying what to fix.
@@ -128,9 +128,26 @@ pub struct WebhookArgs {
     )]
     pub webhook_excluded_namespaces: Vec<String>,
 
-    /// Weight (1-100) of the preference for nodes carrying the spare label.
+    /// How GPU research pods are held to nodes marked spare: `required` (a node without the
+    /// mark takes no new research pod: headroom and lending windows hold) or `preferred` (spare
+    /// nodes first, then any pool node, headroom included).
+    #[arg(
+        long,
+        env = "NIGHTSHIFT_WEBHOOK_SPARE_PLACEMENT",
+        value_enum,
+        default_value_t = SparePlacementArg::Required
+    )]
+    pub webhook_spare_placement: SparePlacementArg,
+
+    /// Weight (1-100) of the spare-node preference with `--webhook-spare-placement preferred`.
     #[arg(long, env = "NIGHTSHIFT_WEBHOOK_SPARE_WEIGHT", default_value_t = mutate::DEFAULT_SPARE_WEIGHT, value_parser = clap::value_parser!(i32).range(1..=100))]
     pub webhook_spare_weight: i32,
+
+    /// Scheduler profile given to GPU research pods that use the default scheduler, e.g. a
+    /// `nightshift-packing` profile of the cluster's kube-scheduler that scores nodes by
+    /// `MostAllocated` GPUs (see manifests/examples/scheduler). Empty: `schedulerName` untouched.
+    #[arg(long, env = "NIGHTSHIFT_WEBHOOK_SCHEDULER_NAME", default_value = "")]
+    pub webhook_scheduler_name: String,
 
     /// Upper bound for research pods' terminationGracePeriodSeconds (never raised). 0 leaves
     /// it alone.
@@ -141,6 +158,13 @@ pub struct WebhookArgs {
         value_parser = parse_duration
     )]
     pub webhook_max_grace_period: Duration,
+}
+
+/// `--webhook-spare-placement`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SparePlacementArg {
+    Required,
+    Preferred,
 }
 
 impl WebhookArgs {
@@ -156,10 +180,17 @@ impl WebhookArgs {
             .map(String::from)
             .collect::<BTreeSet<_>>();
         if let Some(spare) = policy.spare.as_mut() {
-            spare.weight = self.webhook_spare_weight;
+            spare.placement = match self.webhook_spare_placement {
+                SparePlacementArg::Required => SparePlacement::Required,
+                SparePlacementArg::Preferred => SparePlacement::Preferred {
+                    weight: self.webhook_spare_weight,
+                },
+            };
         }
         policy.max_grace_period_seconds =
             (grace > 0).then(|| i64::try_from(grace).unwrap_or(i64::MAX));
+        let scheduler = self.webhook_scheduler_name.trim();
+        policy.scheduler_name = (!scheduler.is_empty()).then(|| scheduler.to_string());
         policy
     }
 }

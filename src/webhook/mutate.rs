@@ -25,8 +25,8 @@ pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 pub use crate::vocabulary::{PoolTaint, TRUE};
 
-/// Weight of the spare-node preference: the strongest the scheduler allows, so that a spare node
-/// wins over any other soft preference the pod carries.
+/// Weight of the spare-node preference in `preferred` placement: the strongest the scheduler
+/// allows, so that a spare node wins over any other soft preference the pod carries.
 pub const DEFAULT_SPARE_WEIGHT: i32 = 100;
 
 /// `preemptionPolicy` the API server assumes when a PriorityClass does not set one.
@@ -73,13 +73,24 @@ pub struct PoolSelector {
     pub values: Vec<String>,
 }
 
-/// Soft preference for nodes marked spare.
+/// The gate to nodes the pool controller marked spare (`nightshift.io/spare=true`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SparePreference {
+pub struct SpareGate {
     pub key: String,
     pub value: String,
-    /// Scheduler weight, 1–100.
-    pub weight: i32,
+    pub placement: SparePlacement,
+}
+
+/// How strictly GPU research pods are held to spare nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SparePlacement {
+    /// Required node affinity, ANDed into every term: a node without the mark takes no new
+    /// research pod, so headroom and closed lending windows hold. Running pods stay when a mark
+    /// goes (IgnoredDuringExecution); the scheduler's preemption takes GPUs back.
+    Required,
+    /// Preferred node affinity with this weight (1-100): research fills spare nodes first but
+    /// spills onto headroom and onto the whole pool outside lending windows.
+    Preferred { weight: i32 },
 }
 
 /// What the webhook selects and what it changes. Every part can be switched off.
@@ -95,14 +106,17 @@ pub struct Policy {
     pub gpu_resource: String,
     /// Required node affinity for GPU research pods; `None` adds none.
     pub pool: Option<PoolSelector>,
-    /// Preferred node affinity for GPU research pods; `None` adds none.
-    pub spare: Option<SparePreference>,
+    /// Spare-node gate for GPU research pods; `None` adds none.
+    pub spare: Option<SpareGate>,
     /// Taints of the GPU pool that GPU research pods get tolerations for.
     pub pool_taints: Vec<PoolTaint>,
     /// Label set to `"true"` on research pods; `None` adds none.
     pub lent_label: Option<String>,
     /// Upper bound for `terminationGracePeriodSeconds`; `None` leaves it alone.
     pub max_grace_period_seconds: Option<i64>,
+    /// Scheduler profile for GPU research pods (one that packs them onto few nodes); `None`
+    /// leaves `schedulerName` alone.
+    pub scheduler_name: Option<String>,
 }
 
 impl Default for Policy {
@@ -127,16 +141,19 @@ impl Policy {
                 key,
                 values: names.pools.clone(),
             }),
-            spare: names.spare_label.clone().map(|key| SparePreference {
+            spare: names.spare_label.clone().map(|key| SpareGate {
                 key,
                 value: TRUE.into(),
-                weight: DEFAULT_SPARE_WEIGHT,
+                placement: SparePlacement::Required,
             }),
             pool_taints: names.pool_taints.clone(),
             lent_label: names.lent_label.clone(),
             // Kubernetes' own default: long enough for a clean exit, short enough that
             // inference does not wait long for the GPUs it takes back.
             max_grace_period_seconds: Some(30),
+            // Off by default: the profile must exist in the cluster's kube-scheduler, or the
+            // pods would wait for a scheduler that never comes.
+            scheduler_name: None,
         }
     }
 }
@@ -253,6 +270,9 @@ pub fn mutate(
     if gpu {
         node_affinity(&mut b, spec, policy);
         tolerations(&mut b, spec, &policy.pool_taints);
+        if let Some(profile) = &policy.scheduler_name {
+            scheduler_name(&mut b, spec, profile);
+        }
     } else if policy.pool.is_some() || !policy.pool_taints.is_empty() {
         b.note_later(format!(
             "nightshift: requests no {}: low priority only, not sent to the GPU pool",
@@ -358,18 +378,43 @@ fn pool_requirement(pool: &PoolSelector) -> NodeSelectorRequirement {
     }
 }
 
-fn spare_term(spare: &SparePreference) -> PreferredSchedulingTerm {
-    PreferredSchedulingTerm {
-        weight: spare.weight,
-        preference: NodeSelectorTerm {
-            match_expressions: Some(vec![NodeSelectorRequirement {
-                key: spare.key.clone(),
-                operator: "In".into(),
-                values: Some(vec![spare.value.clone()]),
-            }]),
-            match_fields: None,
-        },
+/// The spare mark as a node-selector requirement.
+fn spare_requirement(spare: &SpareGate) -> NodeSelectorRequirement {
+    NodeSelectorRequirement {
+        key: spare.key.clone(),
+        operator: "In".into(),
+        values: Some(vec![spare.value.clone()]),
     }
+}
+
+/// The spare mark as a soft preference, in [`SparePlacement::Preferred`] mode.
+fn spare_term(spare: &SpareGate) -> Option<PreferredSchedulingTerm> {
+    match spare.placement {
+        SparePlacement::Required => None,
+        SparePlacement::Preferred { weight } => Some(PreferredSchedulingTerm {
+            weight,
+            preference: NodeSelectorTerm {
+                match_expressions: Some(vec![spare_requirement(spare)]),
+                match_fields: None,
+            },
+        }),
+    }
+}
+
+/// What every required node-selector term of a GPU research pod must contain: the pool, and the
+/// spare mark in [`SparePlacement::Required`] mode.
+fn required_requirements(policy: &Policy) -> Vec<NodeSelectorRequirement> {
+    let spare = policy
+        .spare
+        .as_ref()
+        .filter(|s| s.placement == SparePlacement::Required)
+        .map(spare_requirement);
+    policy
+        .pool
+        .iter()
+        .map(pool_requirement)
+        .chain(spare)
+        .collect()
 }
 
 /// Same requirement, ignoring the order of values and `values: []` versus absent.
@@ -388,8 +433,8 @@ fn term_has(term: &NodeSelectorTerm, req: &NodeSelectorRequirement) -> bool {
 }
 
 fn node_affinity(b: &mut Builder, spec: &PodSpec, policy: &Policy) {
-    let required = policy.pool.as_ref().map(pool_requirement);
-    let preferred = policy.spare.as_ref().map(spare_term);
+    let required = required_requirements(policy);
+    let preferred = policy.spare.as_ref().and_then(spare_term);
     let node_affinity = spec
         .affinity
         .as_ref()
@@ -403,16 +448,20 @@ fn node_affinity(b: &mut Builder, spec: &PodSpec, policy: &Policy) {
             .as_ref()
     });
 
-    // Which parts are missing.
-    let required_missing_in: Vec<usize> = match (&required, required_terms) {
-        (Some(req), Some(sel)) => (0..sel.node_selector_terms.len())
-            .filter(|&i| !term_has(&sel.node_selector_terms[i], req))
-            .collect(),
-        _ => Vec::new(),
-    };
-    let need_required = required.is_some()
+    // Which parts are missing: per existing term, the requirements it lacks.
+    let missing_per_term: Vec<(usize, Vec<&NodeSelectorRequirement>)> = required_terms
+        .map(|sel| {
+            sel.node_selector_terms
+                .iter()
+                .enumerate()
+                .map(|(i, term)| (i, required.iter().filter(|r| !term_has(term, r)).collect()))
+                .filter(|(_, missing): &(usize, Vec<_>)| !missing.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    let need_required = !required.is_empty()
         && (required_terms.is_none_or(|s| s.node_selector_terms.is_empty())
-            || !required_missing_in.is_empty());
+            || !missing_per_term.is_empty());
     let need_preferred = preferred.as_ref().is_some_and(|p| {
         let want = p.preference.match_expressions.iter().flatten().next();
         !preferred_terms
@@ -423,8 +472,8 @@ fn node_affinity(b: &mut Builder, spec: &PodSpec, policy: &Policy) {
     if !need_required && !need_preferred {
         return;
     }
-    let new_required =
-        || json!({"nodeSelectorTerms": [{"matchExpressions": [required.as_ref().map(to_json)]}]});
+    let new_term = || json!({"matchExpressions": required.iter().map(to_json).collect::<Vec<_>>()});
+    let new_required = || json!({"nodeSelectorTerms": [new_term()]});
 
     if node_affinity.is_none() {
         // Create the whole nodeAffinity (and affinity) in one operation.
@@ -450,28 +499,28 @@ fn node_affinity(b: &mut Builder, spec: &PodSpec, policy: &Policy) {
         const NA: [&str; 3] = ["spec", "affinity", "nodeAffinity"];
         const REQ: &str = "requiredDuringSchedulingIgnoredDuringExecution";
         const PREF: &str = "preferredDuringSchedulingIgnoredDuringExecution";
-        if let (true, Some(req)) = (need_required, &required) {
+        if need_required {
             match required_terms {
                 None => b.add(&[NA[0], NA[1], NA[2], REQ], new_required()),
                 Some(sel) if sel.node_selector_terms.is_empty() => b.add(
                     &[NA[0], NA[1], NA[2], REQ, "nodeSelectorTerms", "-"],
-                    json!({"matchExpressions": [to_json(req)]}),
+                    new_term(),
                 ),
                 Some(sel) => {
-                    // Terms are ORed: AND the requirement into every one of them.
-                    for i in required_missing_in {
+                    // Terms are ORed: AND the requirements into every one of them.
+                    for (i, missing) in missing_per_term {
                         let idx = i.to_string();
                         let base = [NA[0], NA[1], NA[2], REQ, "nodeSelectorTerms", &idx];
                         if sel.node_selector_terms[i].match_expressions.is_none() {
-                            b.add(
-                                &[&base[..], &["matchExpressions"]].concat(),
-                                json!([to_json(req)]),
-                            );
+                            let all: Vec<Value> = missing.into_iter().map(to_json).collect();
+                            b.add(&[&base[..], &["matchExpressions"]].concat(), json!(all));
                         } else {
-                            b.add(
-                                &[&base[..], &["matchExpressions", "-"]].concat(),
-                                to_json(req),
-                            );
+                            for req in missing {
+                                b.add(
+                                    &[&base[..], &["matchExpressions", "-"]].concat(),
+                                    to_json(req),
+                                );
+                            }
                         }
                     }
                 }
@@ -484,22 +533,55 @@ fn node_affinity(b: &mut Builder, spec: &PodSpec, policy: &Policy) {
             }
         }
     }
-    b.note_later(match (&required, &preferred) {
-        (Some(r), Some(p)) => format!(
-            "nightshift: restricted to GPU-pool nodes ({}), spare nodes ({}={}) preferred",
-            r.key,
-            p.preference
-                .match_expressions
-                .iter()
-                .flatten()
-                .next()
-                .map(|e| e.key.as_str())
-                .unwrap_or_default(),
-            TRUE
+    b.note_later(placement_note(policy));
+}
+
+/// The warning that tells the pod's creator where it may run.
+fn placement_note(policy: &Policy) -> String {
+    let pool = policy.pool.as_ref().map(|p| p.key.as_str());
+    match (pool, &policy.spare) {
+        (Some(pool), Some(spare)) if spare.placement == SparePlacement::Required => format!(
+            "nightshift: restricted to GPU-pool nodes ({pool}) that the pool controller marks \
+             spare ({}={}); pending while no spare GPU is free",
+            spare.key, spare.value
         ),
-        (Some(r), None) => format!("nightshift: restricted to GPU-pool nodes ({})", r.key),
-        _ => "nightshift: spare GPU nodes preferred".to_string(),
-    });
+        (None, Some(spare)) if spare.placement == SparePlacement::Required => format!(
+            "nightshift: restricted to nodes marked spare ({}={}); pending while no spare GPU \
+             is free",
+            spare.key, spare.value
+        ),
+        (Some(pool), Some(spare)) => format!(
+            "nightshift: restricted to GPU-pool nodes ({pool}), spare nodes ({}={}) preferred",
+            spare.key, spare.value
+        ),
+        (Some(pool), None) => format!("nightshift: restricted to GPU-pool nodes ({pool})"),
+        (None, _) => "nightshift: spare GPU nodes preferred".to_string(),
+    }
+}
+
+/// The name the API server gives pods that name no scheduler.
+const DEFAULT_SCHEDULER: &str = "default-scheduler";
+
+/// Sends a GPU research pod to the packing profile, unless its creator chose another scheduler
+/// than the default one (kept: it may be the only one that can place the pod).
+fn scheduler_name(b: &mut Builder, spec: &PodSpec, profile: &str) {
+    match spec.scheduler_name.as_deref() {
+        None | Some("") | Some(DEFAULT_SCHEDULER) => {
+            b.set(
+                &["spec", "schedulerName"],
+                spec.scheduler_name.as_deref().map(|s| json!(s)),
+                json!(profile),
+            );
+            b.note_later(format!(
+                "nightshift: scheduled by profile {profile:?}, which packs research onto few \
+                 nodes so that whole nodes stay free for inference"
+            ));
+        }
+        Some(own) if own == profile => {}
+        Some(own) => b.note_later(format!(
+            "nightshift: schedulerName {own:?} kept; research is not packed by {profile:?}"
+        )),
+    }
 }
 
 /// Whether `tol` tolerates the pool taint. A taint without a value stands for "any value", which

@@ -4,6 +4,8 @@ use super::*;
 use proptest::prelude::*;
 
 const NS: &str = "team-a";
+/// A packing scheduler profile's name, as a platform would configure it.
+const PACKING: &str = "nightshift-packing";
 
 fn classes() -> BTreeMap<String, PriorityClassInfo> {
     [
@@ -122,13 +124,11 @@ fn gpu_pod_in_research_namespace_gets_the_full_mark() {
             {"op": "replace", "path": "/spec/preemptionPolicy", "value": "Never"},
             {"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                    {"matchExpressions": [{"key": "nightshift.io/pool", "operator": "Exists"}]}
-                ]},
-                "preferredDuringSchedulingIgnoredDuringExecution": [
-                    {"weight": 100, "preference": {"matchExpressions": [
+                    {"matchExpressions": [
+                        {"key": "nightshift.io/pool", "operator": "Exists"},
                         {"key": "nightshift.io/spare", "operator": "In", "values": ["true"]}
-                    ]}}
-                ]
+                    ]}
+                ]}
             }}},
             {"op": "add", "path": "/spec/tolerations", "value": [
                 {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -226,23 +226,21 @@ fn required_affinity_is_anded_into_every_existing_term() {
     let m = run(&p, &research_ns());
     let ps = paths(&m);
     let base = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms";
-    assert!(
-        ps.contains(&format!("add {base}/0/matchExpressions/-")),
-        "{ps:?}"
+    let count = |path: String| ps.iter().filter(|p| **p == path).count();
+    assert_eq!(
+        count(format!("add {base}/0/matchExpressions/-")),
+        2,
+        "pool and spare into term 0: {ps:?}"
+    );
+    assert_eq!(count(format!("add {base}/1/matchExpressions")), 1, "{ps:?}");
+    assert_eq!(
+        count(format!("add {base}/2/matchExpressions/-")),
+        1,
+        "only the spare mark into the term that has the pool: {ps:?}"
     );
     assert!(
-        ps.contains(&format!("add {base}/1/matchExpressions")),
-        "{ps:?}"
-    );
-    assert!(
-        !ps.iter().any(|p| p.contains("nodeSelectorTerms/2")),
-        "{ps:?}"
-    );
-    assert!(
-        ps.contains(
-            &"add /spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution"
-                .to_string()
-        )
+        !ps.iter().any(|p| p.contains("preferredDuring")),
+        "no soft preference in required mode: {ps:?}"
     );
     let patched = assert_idempotent(&p, &research_ns());
     let terms = patched
@@ -253,8 +251,10 @@ fn required_affinity_is_anded_into_every_existing_term() {
         .expect("required affinity")
         .node_selector_terms;
     assert_eq!(terms.len(), 3, "no term added or removed");
-    let req = pool_requirement(Policy::default().pool.as_ref().expect("pool"));
-    assert!(terms.iter().all(|t| term_has(t, &req)));
+    let policy = Policy::default();
+    let reqs = required_requirements(&policy);
+    assert_eq!(reqs.len(), 2, "pool and spare mark");
+    assert!(terms.iter().all(|t| reqs.iter().all(|r| term_has(t, r))));
     assert_eq!(
         terms[1].match_fields.as_ref().map(Vec::len),
         Some(1),
@@ -262,8 +262,50 @@ fn required_affinity_is_anded_into_every_existing_term() {
     );
 }
 
+fn preferred_policy() -> Policy {
+    let mut policy = Policy::default();
+    if let Some(spare) = policy.spare.as_mut() {
+        spare.placement = SparePlacement::Preferred { weight: 100 };
+    }
+    policy
+}
+
+#[test]
+fn preferred_placement_gives_a_soft_spare_preference_and_only_the_pool_is_required() {
+    let policy = preferred_policy();
+    let p = pod(json!({}));
+    let m = mutate(&p, NS, &research_ns(), &policy, &classes()).expect("ok");
+    let text = patch_json(&m).to_string();
+    assert!(
+        text.contains(r#""preferredDuringSchedulingIgnoredDuringExecution":[{"preference":{"matchExpressions":[{"key":"nightshift.io/spare","operator":"In","values":["true"]}]},"weight":100}]"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#""nodeSelectorTerms":[{"matchExpressions":[{"key":"nightshift.io/pool","operator":"Exists"}]}]"#),
+        "{text}"
+    );
+    assert!(
+        m.warnings.iter().any(|w| w.contains("preferred")),
+        "{:?}",
+        m.warnings
+    );
+}
+
+#[test]
+fn required_placement_warns_that_research_waits_for_spare_gpus() {
+    let m = run(&pod(json!({})), &research_ns());
+    assert!(
+        m.warnings
+            .iter()
+            .any(|w| w.contains("marks spare") && w.contains("pending while no spare GPU")),
+        "{:?}",
+        m.warnings
+    );
+}
+
 #[test]
 fn existing_preferred_terms_are_kept_and_spare_preference_appended() {
+    let policy = preferred_policy();
     let p = pod(
         json!({"spec": {"affinity": {"podAntiAffinity": {}, "nodeAffinity": {
             "preferredDuringSchedulingIgnoredDuringExecution": [
@@ -271,7 +313,7 @@ fn existing_preferred_terms_are_kept_and_spare_preference_appended() {
             ]
         }}}}),
     );
-    let m = run(&p, &research_ns());
+    let m = mutate(&p, NS, &research_ns(), &policy, &classes()).expect("ok");
     let ps = paths(&m);
     assert!(
         ps.contains(
@@ -285,7 +327,9 @@ fn existing_preferred_terms_are_kept_and_spare_preference_appended() {
                 .to_string()
         )
     );
-    let patched = assert_idempotent(&p, &research_ns());
+    let patched = apply(&p, &m.patch);
+    let again = mutate(&patched, NS, &research_ns(), &policy, &classes()).expect("ok");
+    assert!(again.patch.0.is_empty(), "{}", patch_json(&again));
     let prefs = patched
         .spec
         .and_then(|s| s.affinity)
@@ -294,6 +338,22 @@ fn existing_preferred_terms_are_kept_and_spare_preference_appended() {
         .expect("preferred");
     assert_eq!(prefs.len(), 2);
     assert_eq!(prefs[0].weight, 10, "user preference untouched");
+}
+
+#[test]
+fn required_placement_leaves_the_users_preferences_alone() {
+    let p = pod(json!({"spec": {"affinity": {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 10, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}
+        ]
+    }}}}));
+    let m = run(&p, &research_ns());
+    assert!(
+        !paths(&m).iter().any(|p| p.contains("preferredDuring")),
+        "{:?}",
+        paths(&m)
+    );
+    assert_idempotent(&p, &research_ns());
 }
 
 #[test]
@@ -550,6 +610,48 @@ fn grace_period_is_capped_never_raised() {
 }
 
 #[test]
+fn packing_profile_is_given_to_gpu_research_pods_of_the_default_scheduler_only() {
+    let policy = Policy {
+        scheduler_name: Some(PACKING.into()),
+        ..Policy::default()
+    };
+    let name_after = |extra: Value| {
+        let p = pod(extra);
+        let m = mutate(&p, NS, &research_ns(), &policy, &classes()).expect("ok");
+        let patched = apply(&p, &m.patch);
+        let again = mutate(&patched, NS, &research_ns(), &policy, &classes()).expect("ok");
+        assert!(again.patch.0.is_empty(), "{}", patch_json(&again));
+        (
+            patched.spec.and_then(|s| s.scheduler_name),
+            m.warnings.join("; "),
+        )
+    };
+    let (name, warnings) = name_after(json!({}));
+    assert_eq!(name.as_deref(), Some(PACKING));
+    assert!(warnings.contains("packs research"), "{warnings}");
+    let (name, _) = name_after(json!({"spec": {"schedulerName": "default-scheduler"}}));
+    assert_eq!(name.as_deref(), Some(PACKING));
+    let (name, warnings) = name_after(json!({"spec": {"schedulerName": "volcano"}}));
+    assert_eq!(
+        name.as_deref(),
+        Some("volcano"),
+        "a chosen scheduler is kept"
+    );
+    assert!(warnings.contains("\"volcano\" kept"), "{warnings}");
+    // CPU-only research pods are not sent to the GPU pool, nor to its packing profile.
+    let cpu = pod(json!({"spec": {"containers": [{"name": "c", "image": "x"}]}}));
+    let m = mutate(&cpu, NS, &research_ns(), &policy, &classes()).expect("ok");
+    assert!(
+        !patch_json(&m).to_string().contains("schedulerName"),
+        "{}",
+        patch_json(&m)
+    );
+    // Off by default.
+    let m = run(&pod(json!({})), &research_ns());
+    assert!(!patch_json(&m).to_string().contains("schedulerName"));
+}
+
+#[test]
 fn every_part_can_be_switched_off() {
     let policy = Policy {
         priority_class: None,
@@ -701,6 +803,9 @@ prop_compose! {
         priority in proptest::option::of(-10_000..2_000_000i32),
         policy in proptest::option::of(prop_oneof![Just("Never"), Just("PreemptLowerPriority")]),
         grace in proptest::option::of(0..1000i64),
+        scheduler in proptest::option::of(prop_oneof![
+            Just("default-scheduler"), Just(PACKING), Just("custom-scheduler")
+        ]),
     ) -> (BTreeMap<String, String>, Value) {
         let ns = if ns_research { research_ns() } else { plain_ns() };
         let mut labels = serde_json::Map::new();
@@ -718,6 +823,7 @@ prop_compose! {
         if let Some(p) = priority { spec["priority"] = json!(p); }
         if let Some(p) = policy { spec["preemptionPolicy"] = json!(p); }
         if let Some(g) = grace { spec["terminationGracePeriodSeconds"] = json!(g); }
+        if let Some(n) = scheduler { spec["schedulerName"] = json!(n); }
         let mut metadata = json!({"name": "p", "namespace": NS});
         if !labels.is_empty() { metadata["labels"] = Value::Object(labels); }
         (ns, json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}))
@@ -728,8 +834,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
-    fn patched_pods_are_valid_marked_and_stable((ns, doc) in arb_case()) {
-        let policy = Policy::default();
+    fn patched_pods_are_valid_marked_and_stable(
+        (ns, doc) in arb_case(), preferred in any::<bool>(), packing in any::<bool>()
+    ) {
+        let mut policy = if preferred { preferred_policy() } else { Policy::default() };
+        if packing { policy.scheduler_name = Some(PACKING.into()); }
         let pod: Pod = serde_json::from_value(doc.clone()).expect("generated pod is valid");
         let m = mutate(&pod, NS, &ns, &policy, &classes()).expect("research class exists");
 
@@ -761,14 +870,14 @@ proptest! {
                 );
                 prop_assert_eq!(gpu, requests_resource(&spec, "nvidia.com/gpu"));
                 if gpu {
-                    let req = pool_requirement(policy.pool.as_ref().expect("pool"));
+                    let reqs = required_requirements(&policy);
                     let terms = spec.affinity.as_ref()
                         .and_then(|a| a.node_affinity.as_ref())
                         .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
                         .map(|s| s.node_selector_terms.clone())
                         .unwrap_or_default();
                     prop_assert!(!terms.is_empty());
-                    prop_assert!(terms.iter().all(|t| term_has(t, &req)));
+                    prop_assert!(terms.iter().all(|t| reqs.iter().all(|r| term_has(t, r))));
                     let tols = spec.tolerations.clone().unwrap_or_default();
                     prop_assert!(policy.pool_taints.iter().all(|t| tols.iter().any(|tol| tolerates(tol, t))));
                 }
@@ -788,7 +897,7 @@ proptest! {
             doc["spec"]["nodeSelector"] = json!({"zone": "a"});
             doc["metadata"]["annotations"] = json!({"team": "x"});
         }
-        let policy = Policy::default();
+        let policy = Policy { scheduler_name: Some(PACKING.into()), ..Policy::default() };
         let whole: Pod = serde_json::from_value(doc.clone()).expect("generated pod is valid");
         let trimmed = serde_json::from_value::<super::super::pod_fields::AdmittedPod>(doc)
             .expect("trimmed decode")

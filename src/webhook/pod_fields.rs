@@ -4,7 +4,7 @@
 //! probes, none of which the decision reads. Decoding all of it into `k8s_openapi` types costs
 //! far more than the decision itself, so the review is decoded into [`AdmittedPod`]: the
 //! metadata plus the spec fields [`super::mutate::mutate`] reads (node name, priority triple,
-//! affinity, tolerations, grace period, and each container's name and resources). Every other
+//! affinity, tolerations, grace period, scheduler name, and each container's name and resources). Every other
 //! field is skipped by the JSON parser without being built. [`AdmittedPod::into_pod`] gives the
 //! `Pod` that `mutate` takes; a property test checks that it decides exactly as on the whole pod.
 
@@ -45,6 +45,8 @@ pub struct AdmittedSpec {
     #[serde(default)]
     pub termination_grace_period_seconds: Option<i64>,
     #[serde(default)]
+    pub scheduler_name: Option<String>,
+    #[serde(default)]
     pub containers: Vec<AdmittedContainer>,
     #[serde(default)]
     pub init_containers: Option<Vec<AdmittedContainer>>,
@@ -82,6 +84,7 @@ impl AdmittedPod {
                 affinity: s.affinity,
                 tolerations: s.tolerations,
                 termination_grace_period_seconds: s.termination_grace_period_seconds,
+                scheduler_name: s.scheduler_name,
                 containers: s
                     .containers
                     .into_iter()

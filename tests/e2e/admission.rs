@@ -27,6 +27,11 @@ const RESEARCH_NS: &str = "e2e-admission-research";
 const PLAIN_NS: &str = "e2e-admission-plain";
 const RESEARCH_LABEL: &str = "nightshift.io/research";
 const LENT_LABEL: &str = "nightshift.io/lent";
+const SPARE_LABEL: &str = "nightshift.io/spare";
+/// A class of a research pod's own, below the research class and never preempting: kept.
+const SCAVENGER_CLASS: &str = "e2e-scavenger";
+/// Below the research class but preempting: replaced by the research class.
+const LOW_PREEMPTING_CLASS: &str = "e2e-low-preempting";
 /// How long the controllers and the scheduler get for each step (they take about a second).
 const STEP: Duration = Duration::from_secs(120);
 /// Pods created one after another to measure admission latency through the webhook.
@@ -125,6 +130,36 @@ async fn scenario(c: &Cluster) -> Result<()> {
     );
     let pod = get_pod(&client, RESEARCH_NS, "asks-high").await?;
     assert_marked(&pod, true).context("research pod that asked for nightshift-inference")?;
+
+    // One rule for a research pod's own class, the webhook's and the admission policy's: a class
+    // no higher than the research class that never preempts is kept; one that preempts is not.
+    objects::ensure_priority_class(&client, SCAVENGER_CLASS, RESEARCH_VALUE - 4000, "Never")
+        .await?;
+    objects::ensure_priority_class(
+        &client,
+        LOW_PREEMPTING_CLASS,
+        RESEARCH_VALUE - 4000,
+        "PreemptLowerPriority",
+    )
+    .await?;
+    let mut own = research_pod("own-lower-class", &[]);
+    own["spec"]["priorityClassName"] = json!(SCAVENGER_CLASS);
+    let pod = create_pod(&client, RESEARCH_NS, own).await?;
+    let spec = pod.spec.as_ref().context("pod without spec")?;
+    ensure!(
+        spec.priority_class_name.as_deref() == Some(SCAVENGER_CLASS)
+            && spec.priority == Some(RESEARCH_VALUE - 4000)
+            && spec.preemption_policy.as_deref() == Some("Never"),
+        "a research pod's own lower, non-preempting class must be kept: class {:?}, priority \
+         {:?}, preemptionPolicy {:?}",
+        spec.priority_class_name,
+        spec.priority,
+        spec.preemption_policy
+    );
+    let mut preempting = research_pod("own-preempting-class", &[]);
+    preempting["spec"]["priorityClassName"] = json!(LOW_PREEMPTING_CLASS);
+    let pod = create_pod(&client, RESEARCH_NS, preempting).await?;
+    assert_marked(&pod, true).context("research pod whose own low class preempts")?;
 
     // A CPU-only research pod: low priority and the label, but no GPU-pool placement.
     let mut cpu = research_pod("cpu-research", &[]);
@@ -252,10 +287,19 @@ pub async fn deploy<'a>(
     c: &'a Cluster,
     name: &str,
 ) -> Result<(Workspace, Nightshift, Registration<'a>)> {
+    deploy_with(c, name, &[]).await
+}
+
+/// [`deploy`] with extra options for `nightshift run`.
+pub async fn deploy_with<'a>(
+    c: &'a Cluster,
+    name: &str,
+    extra: &[String],
+) -> Result<(Workspace, Nightshift, Registration<'a>)> {
     let ws = Workspace::new()?;
     let registration = Registration::new(c);
     let t = Instant::now();
-    let mut ns = Nightshift::start(c, name, &c.kubeconfig, &ws.certs(), 0).await?;
+    let mut ns = Nightshift::start_with(c, name, &c.kubeconfig, &ws.certs(), 0, extra).await?;
     ws.apply_local_overlay(c, ns.webhook.port())?;
     ns.wait_ready().await?;
     eprintln!(
@@ -403,22 +447,16 @@ pub fn assert_marked(p: &Pod, gpu: bool) -> Result<()> {
         .as_array()
         .cloned()
         .unwrap_or_default();
-    let pool_in_every_term = !terms.is_empty()
-        && terms.iter().all(|t| {
-            t["matchExpressions"].as_array().is_some_and(|es| {
-                es.iter()
-                    .any(|e| e["key"] == POOL_LABEL && e["operator"] == "Exists")
-            })
-        });
-    let prefers_spare = affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
-        .as_array()
-        .is_some_and(|ps| {
-            ps.iter().any(|p| {
-                p["preference"]["matchExpressions"]
+    let in_every_term = |key: &str, op: &str| {
+        !terms.is_empty()
+            && terms.iter().all(|t| {
+                t["matchExpressions"]
                     .as_array()
-                    .is_some_and(|es| es.iter().any(|e| e["key"] == "nightshift.io/spare"))
+                    .is_some_and(|es| es.iter().any(|e| e["key"] == key && e["operator"] == op))
             })
-        });
+    };
+    let pool_in_every_term = in_every_term(POOL_LABEL, "Exists");
+    let spare_in_every_term = in_every_term(SPARE_LABEL, "In");
     let tolerates_pool = tolerations.as_array().is_some_and(|ts| {
         ts.iter().any(|t| {
             t["key"] == POOL_LABEL
@@ -433,8 +471,8 @@ pub fn assert_marked(p: &Pod, gpu: bool) -> Result<()> {
             "{name}: required node affinity lacks {POOL_LABEL} Exists in every term: {affinity}"
         );
         ensure!(
-            prefers_spare,
-            "{name}: no preference for spare nodes: {affinity}"
+            spare_in_every_term,
+            "{name}: required node affinity lacks {SPARE_LABEL} in every term: {affinity}"
         );
         ensure!(
             tolerates_pool,

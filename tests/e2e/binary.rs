@@ -37,6 +37,11 @@ const IDENTITY: &str = "nightshift-e2e";
 /// The names of what the local overlay registers, for clean-up.
 pub const WEBHOOK_CONFIG: &str = "nightshift";
 pub const ADMISSION_POLICY: &str = "nightshift-research-priority";
+/// Its bindings: research namespaces, research pod labels.
+pub const ADMISSION_POLICY_BINDINGS: [&str; 2] = [
+    "nightshift-research-priority-namespaces",
+    "nightshift-research-priority-pods",
+];
 pub const NAMESPACE: &str = "nightshift-system";
 
 /// A running `nightshift run`. Dropping it kills the process.
@@ -134,7 +139,19 @@ impl Nightshift {
         certs: &Path,
         webhook_port: u16,
     ) -> Result<Self> {
-        let args: Vec<String> = vec![
+        Self::start_with(cluster, name, kubeconfig, certs, webhook_port, &[]).await
+    }
+
+    /// [`Nightshift::start`] with `extra` options appended (a scenario's headroom, windows, ...).
+    pub async fn start_with(
+        cluster: &Cluster,
+        name: &str,
+        kubeconfig: &Path,
+        certs: &Path,
+        webhook_port: u16,
+        extra: &[String],
+    ) -> Result<Self> {
+        let mut args: Vec<String> = vec![
             "--log-format=json".into(),
             "--log=info".into(),
             "run".into(),
@@ -152,6 +169,7 @@ impl Nightshift {
             // A SIGTERM'd nightshift should not hold the test for the production 20 s.
             "--drain-timeout=2s".into(),
         ];
+        args.extend_from_slice(extra);
         let mut proc = Process::spawn_with_env(
             name,
             Path::new(BIN),
@@ -357,7 +375,14 @@ impl Drop for Registration<'_> {
     fn drop(&mut self) {
         for (kind, name) in [
             ("mutatingwebhookconfiguration", WEBHOOK_CONFIG),
-            ("validatingadmissionpolicybinding", ADMISSION_POLICY),
+            (
+                "validatingadmissionpolicybinding",
+                ADMISSION_POLICY_BINDINGS[0],
+            ),
+            (
+                "validatingadmissionpolicybinding",
+                ADMISSION_POLICY_BINDINGS[1],
+            ),
             ("validatingadmissionpolicy", ADMISSION_POLICY),
         ] {
             let _ = self

@@ -454,12 +454,21 @@ async fn boot(env: &Env, bin: &Path, dir: &Path) -> Result<(kube::Client, String
     wait_apiserver_ready(env, &client).await?;
 
     let kc = kubeconfig.display().to_string();
+    // The scheduler runs with the shipped example configuration: the default profile and
+    // nightshift's packing profile, plus what a config file must say instead of flags.
+    let scheduler_config = dir.join("kube-scheduler.yaml");
+    let example = std::fs::read_to_string(scheduler_example())?;
+    std::fs::write(
+        &scheduler_config,
+        format!(
+            "{example}\nclientConnection:\n  kubeconfig: {kc:?}\nleaderElection:\n  leaderElect: false\n"
+        ),
+    )?;
     env.spawn(
         "kube-scheduler",
         &bin.join("kube-scheduler"),
         &[
-            format!("--kubeconfig={kc}"),
-            s("--leader-elect=false"),
+            format!("--config={}", scheduler_config.display()),
             s("--secure-port=0"),
             s("--v=2"),
         ],
@@ -622,6 +631,12 @@ async fn wait_default_service_account(env: &Env, client: &kube::Client, ns: &str
 }
 
 /// Ready condition true and no not-ready/unreachable taint.
+/// The packing profile example (`manifests/examples/scheduler`), which the test scheduler runs.
+fn scheduler_example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("manifests/examples/scheduler/kube-scheduler-config.yaml")
+}
+
 pub fn node_schedulable(n: &Node) -> bool {
     let ready = n
         .status

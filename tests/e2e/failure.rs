@@ -315,6 +315,22 @@ async fn scenario(c: &Cluster) -> Result<()> {
         denial.contains("must run with priorityClassName nightshift-research"),
         "the policy's message does not say what is wrong: {denial}"
     );
+    // The policy's rule is the webhook's: without the webhook, a research pod that brings its
+    // own class below the research class, never preempting, is still admitted.
+    crate::objects::ensure_priority_class(
+        &client,
+        "e2e-scavenger",
+        crate::objects::RESEARCH_VALUE - 4000,
+        "Never",
+    )
+    .await?;
+    let mut own = research_pod("own-lower-class-no-webhook", &[]);
+    own["spec"]["priorityClassName"] = serde_json::json!("e2e-scavenger");
+    let own: Pod = serde_json::from_value(own)?;
+    pods.create(&dry, &own).await.context(
+        "the admission policy alone must admit a research pod with its own lower, \
+         non-preempting class (the webhook's rule)",
+    )?;
     ensure!(
         pods.create(&PostParams::default(), &probe).await.is_err()
             && pods.get_opt("unmarked").await?.is_none(),

@@ -15,9 +15,11 @@ mod admission;
 mod binary;
 mod cluster;
 mod failure;
+mod gate;
 mod harvest;
 mod keda;
 mod objects;
+mod packing;
 mod process;
 mod rbac;
 mod scrape;
@@ -59,6 +61,14 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         (
             "rbac_nightshift_works_with_the_base_service_account_rules",
             |c| Box::pin(rbac::run(c)),
+        ),
+        (
+            "gate_research_binds_only_to_spare_gpus_within_lending_windows",
+            |c| Box::pin(gate::run(c)),
+        ),
+        (
+            "packing_profile_keeps_whole_nodes_free_for_inference",
+            |c| Box::pin(packing::run(c)),
         ),
         (
             "scrape_discovers_pods_from_endpointslices_and_follows_them",

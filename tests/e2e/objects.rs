@@ -27,27 +27,39 @@ const MANAGER: &str = "nightshift-e2e";
 
 /// Creates (or keeps) the two PriorityClasses, the way the base manifests define them.
 pub async fn ensure_priority_classes(client: &kube::Client) -> Result<()> {
+    ensure_priority_class(client, RESEARCH_CLASS, RESEARCH_VALUE, "Never").await?;
+    ensure_priority_class(
+        client,
+        INFERENCE_CLASS,
+        INFERENCE_VALUE,
+        "PreemptLowerPriority",
+    )
+    .await
+}
+
+/// Creates (or updates) one PriorityClass.
+pub async fn ensure_priority_class(
+    client: &kube::Client,
+    name: &str,
+    value: i32,
+    preemption_policy: &str,
+) -> Result<()> {
     let api: Api<PriorityClass> = Api::all(client.clone());
-    for (name, value, policy) in [
-        (RESEARCH_CLASS, RESEARCH_VALUE, "Never"),
-        (INFERENCE_CLASS, INFERENCE_VALUE, "PreemptLowerPriority"),
-    ] {
-        let pc = json!({
-            "apiVersion": "scheduling.k8s.io/v1",
-            "kind": "PriorityClass",
-            "metadata": {"name": name},
-            "value": value,
-            "preemptionPolicy": policy,
-            "globalDefault": false,
-        });
-        api.patch(
-            name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&pc),
-        )
-        .await
-        .with_context(|| format!("applying PriorityClass {name}"))?;
-    }
+    let pc = json!({
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": name},
+        "value": value,
+        "preemptionPolicy": preemption_policy,
+        "globalDefault": false,
+    });
+    api.patch(
+        name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&pc),
+    )
+    .await
+    .with_context(|| format!("applying PriorityClass {name}"))?;
     Ok(())
 }
 

@@ -81,6 +81,11 @@ impl VictimWatch {
         Ok(watch)
     }
 
+    /// Research victims seen so far.
+    pub fn research(&self) -> usize {
+        self.research.lock().map(|s| s.len()).unwrap_or(0)
+    }
+
     /// Victims that were not research pods (there must be none).
     pub fn inference(&self) -> usize {
         self.inference.lock().map(|s| s.len()).unwrap_or(0)

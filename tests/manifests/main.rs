@@ -194,14 +194,20 @@ fn admission_policy_requires_the_research_class_on_research_pods() {
     let base = ws.render("manifests/base");
     let policy = base.get("ValidatingAdmissionPolicy", "nightshift-research-priority");
     assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    assert_eq!(policy["spec"]["paramKind"]["kind"], "PriorityClass");
+    assert_eq!(
+        policy["spec"]["paramKind"]["apiVersion"],
+        "scheduling.k8s.io/v1"
+    );
     let rules = &policy["spec"]["matchConstraints"]["resourceRules"][0];
     assert_eq!(strings(&rules["operations"]), ["CREATE"]);
     assert_eq!(strings(&rules["resources"]), ["pods"]);
+    // The webhook's rule: the research class, or a class no higher that never preempts.
     let text = policy.to_string();
     for needle in [
-        "nightshift.io/research",
-        "'nightshift-research'",
-        "namespaceObject",
+        "params.metadata.name",
+        "object.spec.priority <= params.value",
+        "preemptionPolicy == 'Never'",
     ] {
         assert!(text.contains(needle), "policy does not mention {needle}");
     }
@@ -212,15 +218,35 @@ fn admission_policy_requires_the_research_class_on_research_pods() {
             "{ns} must be excluded"
         );
     }
-    let binding = base.get(
-        "ValidatingAdmissionPolicyBinding",
-        "nightshift-research-priority",
-    );
-    assert_eq!(
-        binding["spec"]["policyName"],
-        "nightshift-research-priority"
-    );
-    assert_eq!(strings(&binding["spec"]["validationActions"]), ["Deny"]);
+    // Research namespaces and research pod labels, each through its own binding: only research
+    // pods are checked, and a missing research class denies research pods only.
+    let research = labels(&[("nightshift.io/research", "true")]);
+    let plain = labels(&[("app", "vllm")]);
+    for (name, selector) in [
+        (
+            "nightshift-research-priority-namespaces",
+            "namespaceSelector",
+        ),
+        ("nightshift-research-priority-pods", "objectSelector"),
+    ] {
+        let binding = base.get("ValidatingAdmissionPolicyBinding", name);
+        assert_eq!(
+            binding["spec"]["policyName"],
+            "nightshift-research-priority"
+        );
+        assert_eq!(strings(&binding["spec"]["validationActions"]), ["Deny"]);
+        assert_eq!(binding["spec"]["paramRef"]["name"], "nightshift-research");
+        assert_eq!(
+            binding["spec"]["paramRef"]["parameterNotFoundAction"],
+            "Deny"
+        );
+        let sel = &binding["spec"]["matchResources"][selector];
+        assert!(select::matches(sel, &research), "{name} selects research");
+        assert!(
+            !select::matches(sel, &plain),
+            "{name} leaves other pods alone"
+        );
+    }
 }
 
 #[test]
@@ -311,23 +337,21 @@ fn admission_objects_use_the_default_vocabulary() {
     assert!(!keys.is_empty());
     assert!(keys.iter().all(|k| k == RESEARCH_LABEL), "{keys:?}");
 
+    // The admission policy: research pods are selected by its bindings (research namespaces,
+    // research pod labels) and the research class is its parameter.
     let policy = base.get("ValidatingAdmissionPolicy", "nightshift-research-priority");
-    let spec = &policy["spec"];
-    let variables = spec["variables"].as_array().expect("variables");
-    let mut research_literals: Vec<&str> = variables
-        .iter()
-        .flat_map(|v| cel_literals(&v["expression"]))
-        .collect();
-    research_literals.sort_unstable();
-    research_literals.dedup();
-    assert_eq!(research_literals, [RESEARCH_LABEL, TRUE]);
-    let validations = spec["validations"].as_array().expect("validations");
+    let validations = policy["spec"]["validations"]
+        .as_array()
+        .expect("validations");
     let class_literals: Vec<&str> = validations
         .iter()
         .flat_map(|v| cel_literals(&v["expression"]))
         .filter(|l| l.starts_with("nightshift"))
         .collect();
-    assert_eq!(class_literals, [RESEARCH_PRIORITY_CLASS]);
+    assert!(
+        class_literals.is_empty(),
+        "the class comes from the parameter, not a literal: {class_literals:?}"
+    );
     for v in validations {
         for message in [&v["message"], &v["messageExpression"]] {
             let text = message.as_str().unwrap_or_default();
@@ -339,9 +363,28 @@ fn admission_objects_use_the_default_vocabulary() {
             }
         }
     }
-    let keys = nightshift_label_keys(policy);
-    assert!(!keys.is_empty());
-    assert!(keys.iter().all(|k| k == RESEARCH_LABEL), "{keys:?}");
+    assert!(nightshift_label_keys(policy).is_empty());
+    for (name, selector) in [
+        (
+            "nightshift-research-priority-namespaces",
+            "namespaceSelector",
+        ),
+        ("nightshift-research-priority-pods", "objectSelector"),
+    ] {
+        let binding = base.get("ValidatingAdmissionPolicyBinding", name);
+        assert_eq!(
+            binding["spec"]["paramRef"]["name"], RESEARCH_PRIORITY_CLASS,
+            "{name}"
+        );
+        let labels = binding["spec"]["matchResources"][selector]["matchLabels"]
+            .as_object()
+            .expect("matchLabels");
+        assert_eq!(
+            labels.iter().collect::<Vec<_>>(),
+            [(&RESEARCH_LABEL.to_string(), &Value::from(TRUE))],
+            "{name}"
+        );
+    }
 }
 
 fn the_container(deployment: &Value) -> &Value {
