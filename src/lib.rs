@@ -10,7 +10,8 @@
 //! - [`pool`]: spare-GPU accounting, spare marks on nodes, preemption tracking, status.
 //! - [`sim`]: the trace-driven simulator that estimates the GPU-hours freed.
 //! - [`admin`], [`telemetry`], [`runtime`], [`cli`]: operations around them; [`tls`]: serving
-//!   certificates reloaded from disk, shared by the webhook and the scaler.
+//!   TLS (certificates reloaded from disk, accept loop, expiry metric) for the webhook and the
+//!   scaler.
 //!
 //! Decision logic (demand, patches, accounting) is pure and lives apart from transport code.
 
