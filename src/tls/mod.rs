@@ -46,3 +46,6 @@ impl Error {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
