@@ -30,7 +30,7 @@ use nightshift::webhook::{
     cluster::FixedCluster,
     mutate::Policy,
     review::{Metrics, Reviewer},
-    server, tls,
+    server,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -57,8 +57,7 @@ async fn main() {
     nightshift::install_crypto_provider();
     let full = std::env::args().any(|a| a == "--bench");
     let dir = tempfile::tempdir().expect("tempdir");
-    let (_, cert) = localhost_cert::generate(dir.path());
-    let config = tls::server_config(cert).expect("tls");
+    let (_, tls) = localhost_cert::generate(dir.path());
     let reviewer = Reviewer {
         policy: Arc::new(Policy::default()),
         cluster: Arc::new(
@@ -69,7 +68,7 @@ async fn main() {
         metrics: Metrics::default(),
     };
     let router = server::router(reviewer, 3 << 20, nightshift::admin::Readiness::default());
-    let webhook = Server::start(router, config.clone());
+    let webhook = Server::start(router, tls.clone());
     let url = webhook.url.clone();
     let body = serde_json::to_vec(&pod::admission_review(pod::realistic_pod())).expect("body");
     let ca = std::fs::read(dir.path().join(certs::CA_CERT)).expect("ca");
@@ -105,7 +104,7 @@ async fn main() {
     println!(
         "fixed rate {rate:.0}/s target, {CONNECTIONS} keep-alive connections, {secs} s: {reviews}"
     );
-    let floor = Server::start(transport_floor_router(), config);
+    let floor = Server::start(transport_floor_router(), tls);
     let floor_summary = load.run(&floor.url).await;
     println!(
         "same load, same HTTPS server, /mutate answering a fixed body without a review (transport floor): {floor_summary}"
@@ -168,7 +167,7 @@ struct Server {
 const SERVER_THREAD: &str = "webhook-bench";
 
 impl Server {
-    fn start(router: axum::Router, config: Arc<rustls::ServerConfig>) -> Self {
+    fn start(router: axum::Router, tls: Arc<nightshift::tls::ServerTls>) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .thread_name(SERVER_THREAD)
@@ -182,7 +181,7 @@ impl Server {
             let shutdown = shutdown.clone();
             async move {
                 let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-                server::serve(listener, config, router, shutdown).await
+                server::serve(listener, tls, router, shutdown).await
             }
         });
         Self {

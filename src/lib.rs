@@ -12,7 +12,8 @@
 //!   resource), set once for both.
 //! - [`sim`]: the trace-driven simulator that estimates the GPU-hours freed.
 //! - [`admin`], [`telemetry`], [`runtime`], [`cli`]: operations around them; [`tls`]: serving
-//!   certificates reloaded from disk, shared by the webhook and the scaler.
+//!   TLS (certificates reloaded from disk, accept loop, expiry metric) for the webhook and the
+//!   scaler.
 //!
 //! Decision logic (demand, patches, accounting) is pure and lives apart from transport code.
 

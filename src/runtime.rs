@@ -10,7 +10,10 @@ use prometheus_client::registry::Registry;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{self, Readiness};
+use crate::{
+    admin::{self, Readiness},
+    tls,
+};
 
 /// Prefix of every metric nightshift exports.
 pub const METRICS_PREFIX: &str = "nightshift";
@@ -24,17 +27,23 @@ pub struct Context {
     pub admin_routes: Router,
     pub kube: Option<kube::Client>,
     pub supervisor: Supervisor,
+    /// The TLS metrics every TLS server reports into (one family for the process).
+    pub tls_metrics: tls::Metrics,
 }
 
 impl Context {
-    /// A context with an empty registry and no routes.
+    /// A context with no routes and a registry holding only the TLS metrics.
     pub fn new(kube: Option<kube::Client>) -> Self {
+        let mut registry = Registry::with_prefix(METRICS_PREFIX);
+        let tls_metrics = tls::Metrics::default();
+        tls_metrics.register(&mut registry);
         Self {
-            registry: Registry::with_prefix(METRICS_PREFIX),
+            registry,
             readiness: Readiness::default(),
             admin_routes: Router::new(),
             kube,
             supervisor: Supervisor::new(),
+            tls_metrics,
         }
     }
 

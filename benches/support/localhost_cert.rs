@@ -4,14 +4,18 @@
 
 use std::{path::Path, sync::Arc};
 
-use nightshift::webhook::{
-    certs::{self, GenerateArgs},
-    tls::ReloadingCert,
+use nightshift::{
+    tls::{Metrics, ServerTls},
+    webhook::{
+        certs::{self, GenerateArgs},
+        tls,
+    },
 };
 
-/// Writes `ca.crt`, `ca.key`, `tls.crt` and `tls.key` into `dir` and loads the serving pair;
-/// returns the options used too, so that a test can rotate the certificate with them.
-pub fn generate(dir: &Path) -> (GenerateArgs, Arc<ReloadingCert>) {
+/// Writes `ca.crt`, `ca.key`, `tls.crt` and `tls.key` into `dir` and loads the serving pair as
+/// the webhook does; returns the options used too, so that a test can rotate the certificate
+/// with them.
+pub fn generate(dir: &Path) -> (GenerateArgs, Arc<ServerTls>) {
     let args = GenerateArgs {
         dir: dir.to_path_buf(),
         service: "nightshift".into(),
@@ -23,7 +27,11 @@ pub fn generate(dir: &Path) -> (GenerateArgs, Arc<ReloadingCert>) {
         new_ca: false,
     };
     certs::generate(&args).expect("certificates generated");
-    let cert = ReloadingCert::load(&dir.join(certs::TLS_CERT), &dir.join(certs::TLS_KEY))
-        .expect("certificate loads");
-    (args, cert)
+    let tls = tls::load(
+        &dir.join(certs::TLS_CERT),
+        &dir.join(certs::TLS_KEY),
+        &Metrics::default(),
+    )
+    .expect("certificate loads");
+    (args, tls)
 }

@@ -1,10 +1,17 @@
-//! The scaler's one error type and its mapping to gRPC status codes (the only place where that
-//! mapping is made). No error ever becomes a zero: KEDA's `fallback` applies to errors.
+//! The scaler's errors, in two kinds that never mix:
+//!
+//! - [`Error`]: answering KEDA went wrong; mapped to a gRPC status code here, the only place
+//!   where that mapping is made. No error ever becomes a zero: KEDA's `fallback` applies to
+//!   errors.
+//! - [`StartError`]: the server cannot start or stopped serving (sources, TLS, bind); it ends
+//!   the process with a message and is never sent to KEDA.
+
+use std::net::SocketAddr;
 
 use tonic::{Code, Status};
 
 use super::{demand::DemandError, metadata::MetadataError};
-use crate::sources::SourceError;
+use crate::{sources::SourceError, tls};
 
 /// Everything that can go wrong answering KEDA.
 #[derive(Debug, thiserror::Error)]
@@ -31,12 +38,10 @@ pub enum Error {
     /// The readings could not be turned into demand (e.g. a negative or NaN value).
     #[error("cannot compute demand: {0}")]
     Demand(#[from] DemandError),
-    /// The gRPC server could not start.
-    #[error("scaler gRPC server: {0}")]
-    Server(String),
-    /// The TLS files cannot be used.
-    #[error("scaler TLS: {0}")]
-    Tls(#[from] crate::tls::Error),
+    /// A raw `query` reached evaluation without a Prometheus source (metadata parsing refuses
+    /// that combination, so this is a bug, not a user error).
+    #[error("query without serverAddress")]
+    QueryWithoutServer,
 }
 
 impl Error {
@@ -54,9 +59,30 @@ impl Error {
             Error::Empty { .. } => Code::NotFound,
             Error::WarmingUp { .. } => Code::Unavailable,
             Error::Demand(_) => Code::Internal,
-            Error::Server(_) | Error::Tls(_) => Code::Internal,
+            Error::QueryWithoutServer => Code::Internal,
         }
     }
+}
+
+/// Why the scaler cannot start or stopped serving; never an answer to KEDA (that is [`Error`]).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The metric sources cannot be set up (e.g. no HTTP client for direct scrapes).
+    #[error("scaler metric sources: {0}")]
+    Sources(#[from] SourceError),
+    /// The TLS files cannot be used.
+    #[error("scaler TLS: {0}")]
+    Tls(#[from] tls::Error),
+    /// The gRPC port cannot be bound (in use, not permitted).
+    #[error("scaler gRPC server: cannot bind {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The gRPC server failed while serving.
+    #[error("scaler gRPC server: {0}")]
+    Serve(#[source] tonic::transport::Error),
 }
 
 impl From<Error> for Status {

@@ -5,7 +5,8 @@
 //! - [`demand`] is the pure composite-demand math (shared with the simulator);
 //! - [`Scaler`] reads the sources, applies the math and keeps explanations ([`explain`]);
 //! - [`service`] is the thin gRPC adapter, [`error`] the one mapping to gRPC status codes;
-//! - [`tls`] serves it over TLS/mTLS with certificate and client CA reloaded from disk.
+//! - [`tls`] names the scaler's TLS/mTLS choices for [`crate::tls`] (reloaded from disk);
+//! - [`start`] wires it into the process.
 //!
 //! Demand is reported as a metric value of `replicas × 100` against a fixed target of 100, so the
 //! HPA's `ceil(value / target)` is the number of replicas needed.
@@ -23,7 +24,7 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
-pub use error::Error;
+pub use error::{Error, StartError};
 use explain::{Decisions, ErrorView, Explanation, TermView};
 use metadata::{EmptyResult, Source, TriggerConfig};
 
@@ -33,6 +34,7 @@ use crate::{
         Family, Selection, discovery::Discovery, metrics::SourceMetrics,
         prometheus::PrometheusSource, scrape::ScrapeSource,
     },
+    tls::{Metrics as TlsMetrics, ServerTls},
 };
 
 /// Options of the KEDA external scaler.
@@ -115,7 +117,7 @@ impl Scaler {
         source_metrics: SourceMetrics,
         metrics: metrics::ScalerMetrics,
         shutdown: CancellationToken,
-    ) -> Result<Self, Error> {
+    ) -> Result<Self, StartError> {
         let discovery = Arc::new(Discovery::new(kube, shutdown.clone()));
         Ok(Self {
             prometheus: PrometheusSource::new(options.cache_ttl, source_metrics.clone()),
@@ -196,7 +198,7 @@ impl Scaler {
     ) -> Result<Evaluation, Error> {
         if let Some(raw) = &config.query {
             let Source::Prometheus { server, .. } = &config.source else {
-                return Err(Error::Server("query without serverAddress".into()));
+                return Err(Error::QueryWithoutServer);
             };
             let value = match *self.prometheus.raw_query(server, &raw.query).await? {
                 Some(v) => v,
@@ -338,13 +340,18 @@ fn describe(source: &Source) -> String {
     }
 }
 
-/// Loads the TLS files named by the options (`None`: plaintext).
-pub fn load_tls(args: &ScalerArgs) -> Result<Option<Arc<tls::ScalerTls>>, Error> {
+/// Loads the TLS files named by the options (`None`: plaintext); their certificate's expiry is
+/// reported in `metrics`.
+pub fn load_tls(
+    args: &ScalerArgs,
+    metrics: &TlsMetrics,
+) -> Result<Option<Arc<ServerTls>>, StartError> {
     match (&args.scaler_tls_cert, &args.scaler_tls_key) {
-        (Some(cert), Some(key)) => Ok(Some(tls::ScalerTls::load(
+        (Some(cert), Some(key)) => Ok(Some(tls::load(
             cert,
             key,
             args.scaler_tls_client_ca.as_deref(),
+            metrics,
         )?)),
         _ => Ok(None),
     }
@@ -352,14 +359,14 @@ pub fn load_tls(args: &ScalerArgs) -> Result<Option<Arc<tls::ScalerTls>>, Error>
 
 /// Starts the scaler as a component of the process: registers metrics, readiness and admin
 /// routes, binds the gRPC port and spawns the server.
-pub async fn start(args: ScalerArgs, ctx: &mut Context) -> Result<(), Error> {
+pub async fn start(args: ScalerArgs, ctx: &mut Context) -> Result<(), StartError> {
     let ScalerArgs {
         scaler_addr,
         scaler_cache_ttl,
         scaler_stream_interval,
         ..
     } = args.clone();
-    let tls = load_tls(&args)?;
+    let tls = load_tls(&args, &ctx.tls_metrics)?;
     let source_metrics = SourceMetrics::default();
     source_metrics.register(&mut ctx.registry);
     let scaler_metrics = metrics::ScalerMetrics::default();
@@ -384,7 +391,10 @@ pub async fn start(args: ScalerArgs, ctx: &mut Context) -> Result<(), Error> {
     let ready = ctx.readiness.register("scaler gRPC server");
     let listener = tokio::net::TcpListener::bind(scaler_addr)
         .await
-        .map_err(|e| Error::Server(format!("cannot bind {scaler_addr}: {e}")))?;
+        .map_err(|source| StartError::Bind {
+            addr: scaler_addr,
+            source,
+        })?;
     let token = ctx.supervisor.shutdown_token();
     if let Some(tls) = &tls {
         ctx.registry.register(

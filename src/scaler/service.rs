@@ -12,7 +12,8 @@ use tonic::{
     transport::{Server, server::TcpIncoming},
 };
 
-use super::{Error, Evaluation, METRIC_NAME, Scaler, demand::METRIC_TARGET, tls::ScalerTls};
+use super::{Error, Evaluation, METRIC_NAME, Scaler, StartError, demand::METRIC_TARGET};
+use crate::tls::ServerTls;
 
 /// Code generated from `proto/externalscaler.proto`.
 pub mod proto {
@@ -182,13 +183,14 @@ impl ExternalScaler for ScalerService {
 }
 
 /// Serves the scaler and the health service on `listener` until `shutdown` is cancelled; over
-/// TLS (reloaded from disk, see [`ScalerTls`]) when `tls` is given.
+/// TLS (reloaded from disk, see [`ServerTls`]) when `tls` is given: tonic serves the stream of
+/// connections that [`crate::tls::incoming`] has handshaken.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     scaler: Arc<Scaler>,
-    tls: Option<Arc<ScalerTls>>,
+    tls: Option<Arc<ServerTls>>,
     shutdown: CancellationToken,
-) -> Result<(), Error> {
+) -> Result<(), StartError> {
     let addr = listener.local_addr().ok();
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
@@ -201,9 +203,9 @@ pub async fn serve(
         .add_service(ExternalScalerServer::new(ScalerService::new(scaler)));
     let served = match tls {
         Some(tls) => {
-            let incoming = tls.incoming(listener, shutdown.clone());
+            let connections = crate::tls::incoming(tls, listener, shutdown.clone());
             router
-                .serve_with_incoming_shutdown(incoming, shutdown.cancelled())
+                .serve_with_incoming_shutdown(connections, shutdown.cancelled())
                 .await
         }
         None => {
@@ -215,5 +217,5 @@ pub async fn serve(
                 .await
         }
     };
-    served.map_err(|e| Error::Server(e.to_string()))
+    served.map_err(StartError::Serve)
 }

@@ -16,7 +16,24 @@ use rcgen::{
     Issuer, KeyPair, KeyUsagePurpose,
 };
 
-use super::Error;
+/// Errors of `nightshift certs generate`: the directory, a file, or rcgen.
+#[derive(Debug, thiserror::Error)]
+pub enum CertsError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("certificate generation failed: {0}")]
+    Generate(String),
+}
 
 /// File names inside the output directory (the names a `kubernetes.io/tls` Secret uses).
 pub const CA_CERT: &str = "ca.crt";
@@ -108,9 +125,9 @@ pub struct Generated {
 }
 
 /// Writes the CA (unless one is reused) and a new serving certificate into `args.dir`.
-pub fn generate(args: &GenerateArgs) -> Result<Generated, Error> {
+pub fn generate(args: &GenerateArgs) -> Result<Generated, CertsError> {
     let dir = &args.dir;
-    std::fs::create_dir_all(dir).map_err(|source| Error::WriteCerts {
+    std::fs::create_dir_all(dir).map_err(|source| CertsError::Write {
         path: dir.clone(),
         source,
     })?;
@@ -121,7 +138,7 @@ pub fn generate(args: &GenerateArgs) -> Result<Generated, Error> {
     let ca_key = if reuse {
         let pem = read(&ca_key_path)?;
         KeyPair::from_pem(&pem)
-            .map_err(|e| Error::Certs(format!("{}: {e}", ca_key_path.display())))?
+            .map_err(|e| CertsError::Generate(format!("{}: {e}", ca_key_path.display())))?
     } else {
         KeyPair::generate().map_err(cert_error)?
     };
@@ -163,7 +180,7 @@ pub fn generate(args: &GenerateArgs) -> Result<Generated, Error> {
     })
 }
 
-fn ca_params(days: u32) -> Result<CertificateParams, Error> {
+fn ca_params(days: u32) -> Result<CertificateParams, CertsError> {
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, CA_COMMON_NAME);
@@ -179,7 +196,7 @@ fn ca_params(days: u32) -> Result<CertificateParams, Error> {
 }
 
 /// From yesterday (tolerates clock skew between machines) to `days` from today.
-fn set_validity(params: &mut CertificateParams, days: u32) -> Result<(), Error> {
+fn set_validity(params: &mut CertificateParams, days: u32) -> Result<(), CertsError> {
     let today = jiff::Zoned::now().date();
     let at = |date: jiff::civil::Date| {
         u8::try_from(date.month())
@@ -194,18 +211,18 @@ fn set_validity(params: &mut CertificateParams, days: u32) -> Result<(), Error> 
         .and_then(at);
     let (from, until) = from
         .zip(until)
-        .ok_or_else(|| Error::Certs(format!("{days} days of validity is out of range")))?;
+        .ok_or_else(|| CertsError::Generate(format!("{days} days of validity is out of range")))?;
     params.not_before = from;
     params.not_after = until;
     Ok(())
 }
 
-fn cert_error(e: rcgen::Error) -> Error {
-    Error::Certs(e.to_string())
+fn cert_error(e: rcgen::Error) -> CertsError {
+    CertsError::Generate(e.to_string())
 }
 
-fn read(path: &Path) -> Result<String, Error> {
-    std::fs::read_to_string(path).map_err(|source| Error::ReadTlsFile {
+fn read(path: &Path) -> Result<String, CertsError> {
+    std::fs::read_to_string(path).map_err(|source| CertsError::Read {
         path: path.to_path_buf(),
         source,
     })
@@ -213,8 +230,8 @@ fn read(path: &Path) -> Result<String, Error> {
 
 /// Writes atomically (temporary file + rename) so a reader never sees half a file; private keys
 /// are readable by the owner only.
-fn write(path: &Path, contents: &str, private: bool) -> Result<(), Error> {
-    let err = |source| Error::WriteCerts {
+fn write(path: &Path, contents: &str, private: bool) -> Result<(), CertsError> {
+    let err = |source| CertsError::Write {
         path: path.to_path_buf(),
         source,
     };

@@ -2,7 +2,8 @@
 //! PriorityClasses. Behind the small [`ClusterView`] trait so that tests feed a
 //! [`FixedCluster`]; [`KubeCluster`] answers from kube-runtime reflectors (watched caches).
 //!
-//! Owns the watches and the "caches synced" readiness condition; decides nothing.
+//! Owns the watches, the "caches synced" readiness condition and the lookup error
+//! ([`ClusterError`]); decides nothing.
 
 use std::{collections::BTreeMap, sync::Arc};
 
@@ -18,11 +19,20 @@ use kube::{
     },
 };
 
-use super::{
-    Error,
-    mutate::{PriorityClassInfo, PriorityClasses},
-};
+use super::mutate::{PriorityClassInfo, PriorityClasses};
 use crate::runtime::Context;
+
+/// A lookup the cache cannot answer failed at the API server too. PriorityClasses are only ever
+/// read from the cache, so only namespaces fail.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("cannot look up namespace {namespace:?}: {source}")]
+    NamespaceLookup {
+        namespace: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+}
 
 /// Namespace labels and PriorityClasses, as the webhook sees them.
 #[async_trait::async_trait]
@@ -31,7 +41,7 @@ pub trait ClusterView: PriorityClasses + Send + Sync + 'static {
     async fn namespace_labels(
         &self,
         namespace: &str,
-    ) -> Result<Option<BTreeMap<String, String>>, Error>;
+    ) -> Result<Option<BTreeMap<String, String>>, ClusterError>;
 }
 
 /// A fixed cluster for tests, benchmarks and examples.
@@ -78,7 +88,7 @@ impl ClusterView for FixedCluster {
     async fn namespace_labels(
         &self,
         namespace: &str,
-    ) -> Result<Option<BTreeMap<String, String>>, Error> {
+    ) -> Result<Option<BTreeMap<String, String>>, ClusterError> {
         Ok(self.namespaces.get(namespace).cloned())
     }
 }
@@ -184,7 +194,7 @@ impl ClusterView for KubeCluster {
     async fn namespace_labels(
         &self,
         namespace: &str,
-    ) -> Result<Option<BTreeMap<String, String>>, Error> {
+    ) -> Result<Option<BTreeMap<String, String>>, ClusterError> {
         if let Some(ns) = self.namespaces.get(&ObjectRef::new(namespace)) {
             return Ok(Some(ns.metadata.labels.clone().unwrap_or_default()));
         }
@@ -194,7 +204,7 @@ impl ClusterView for KubeCluster {
         let api = Api::<Namespace>::all(self.client.clone());
         match api.get_metadata_opt(namespace).await {
             Ok(found) => Ok(found.map(|ns| ns.metadata.labels.unwrap_or_default())),
-            Err(source) => Err(Error::NamespaceLookup {
+            Err(source) => Err(ClusterError::NamespaceLookup {
                 namespace: namespace.to_string(),
                 source: Box::new(source),
             }),

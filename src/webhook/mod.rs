@@ -4,7 +4,7 @@
 //! - [`mutate`]: the pure decision (is this a research pod?) and patch building.
 //! - [`cluster`]: namespace labels and PriorityClasses from watched caches, behind a trait.
 //! - [`review`]: AdmissionReview parsing, answers and metrics.
-//! - [`server`] and [`tls`]: HTTPS with hot-reloaded certificates.
+//! - [`server`] and [`tls`]: HTTPS with hot-reloaded certificates ([`crate::tls`]).
 //! - [`certs`]: `nightshift certs generate`.
 //!
 //! The names it selects by and writes (research and lent labels, the research PriorityClass, the
@@ -32,58 +32,15 @@ use clap::{ArgAction, Args};
 use crate::{duration::parse_duration, runtime::Context, vocabulary::Vocabulary};
 use mutate::{Policy, SparePlacement};
 
-/// Errors of the webhook. Request errors become HTTP 400 or invalid-request responses in one
-/// place ([`review`]); the others stop start-up with a message saying what to fix.
+/// Why the webhook cannot start: what to fix is in the message. Errors answering a review are
+/// [`review::ReviewError`], answered in one place; namespace lookups fail with
+/// [`cluster::ClusterError`], `nightshift certs` with [`certs::CertsError`].
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("the body is not an AdmissionReview in JSON: {0}")]
-    NotAReview(String),
-    #[error(
-        "expected apiVersion admission.k8s.io/v1, kind AdmissionReview; got apiVersion {api_version:?}, kind {kind:?} (set admissionReviewVersions: [v1])"
-    )]
-    WrongType { api_version: String, kind: String },
-    #[error("the AdmissionReview has no request")]
-    MissingRequest,
-    #[error("the AdmissionReview request has no uid")]
-    MissingUid,
-    #[error(
-        "nightshift only handles pods, got {kind}: check the rules of the webhook configuration"
-    )]
-    NotAPod { uid: String, kind: String },
-    #[error("the request carries no pod object")]
-    MissingObject { uid: String },
-    #[error("the request names no namespace")]
-    MissingNamespace { uid: String },
-    #[error("the pod cannot be read: {reason}")]
-    UnreadablePod { uid: String, reason: String },
-    #[error("encoding the answer failed: {0}")]
-    Encode(String),
-    #[error("cannot look up namespace {namespace:?}: {source}")]
-    NamespaceLookup {
-        namespace: String,
-        #[source]
-        source: Box<kube::Error>,
-    },
-    #[error("cannot read {}: {source}", path.display())]
-    ReadTlsFile {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{}: {reason}", path.display())]
-    BadTlsFile { path: PathBuf, reason: String },
-    #[error("TLS configuration: {0}")]
-    TlsConfig(String),
+    #[error("invalid webhook option: {0}")]
+    Option(String),
     #[error(transparent)]
     Tls(#[from] crate::tls::Error),
-    #[error("cannot write {}: {source}", path.display())]
-    WriteCerts {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("certificate generation failed: {0}")]
-    Certs(String),
     #[error("cannot bind the webhook to {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -224,14 +181,13 @@ pub async fn start_with(
     cluster: Arc<dyn cluster::ClusterView>,
     ctx: &mut Context,
 ) -> Result<(), Error> {
-    let cert = tls::ReloadingCert::load(&args.webhook_cert, &args.webhook_key)?;
-    let tls_config = tls::server_config(cert.clone())?;
+    let tls = tls::load(&args.webhook_cert, &args.webhook_key, &ctx.tls_metrics)?;
     let metrics = review::Metrics::default();
     metrics.register(&mut ctx.registry);
     ctx.registry.register(
         "webhook_certificate_reloads",
         "Times a rotated serving certificate was loaded from disk",
-        cert.reloads(),
+        tls.reloads(),
     );
     let reviewer = review::Reviewer {
         policy: Arc::new(policy),
@@ -248,12 +204,13 @@ pub async fn start_with(
     let token = ctx.supervisor.shutdown_token();
     let t = token.clone();
     let interval = args.webhook_cert_reload_interval;
+    let watched = tls.clone();
     ctx.supervisor.spawn("webhook-cert-reload", async move {
-        cert.watch(interval, t).await;
+        watched.watch(interval, t).await;
         Ok(())
     });
     ctx.supervisor.spawn("webhook", async move {
-        server::serve(listener, tls_config, router, token).await?;
+        server::serve(listener, tls, router, token).await?;
         Ok(())
     });
     Ok(())

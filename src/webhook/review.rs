@@ -3,7 +3,8 @@
 //!
 //! Owns the decision between "HTTP 400" (there is no review to answer: the body is not an
 //! `admission.k8s.io/v1` AdmissionReview with a request and a uid) and "an AdmissionResponse
-//! that refuses" (the review is well formed but its object cannot be handled). Knows nothing of
+//! that refuses" (the review is well formed but its object cannot be handled): the request
+//! errors ([`ReviewError`]) are turned into answers here and nowhere else. Knows nothing of
 //! sockets or TLS.
 
 use std::{sync::Arc, time::Instant};
@@ -22,11 +23,38 @@ use prometheus_client::{
 };
 
 use super::{
-    Error,
     cluster::ClusterView,
     mutate::{Denial, Mutation, Policy, Selection, mutate},
     pod_fields::AdmittedPod,
 };
+
+/// Why a request cannot be reviewed. Those with a uid are answered with an invalid-request
+/// AdmissionResponse, the others with HTTP 400 (`into_answer`, the one place).
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error("the body is not an AdmissionReview in JSON: {0}")]
+    NotAReview(String),
+    #[error(
+        "expected apiVersion admission.k8s.io/v1, kind AdmissionReview; got apiVersion {api_version:?}, kind {kind:?} (set admissionReviewVersions: [v1])"
+    )]
+    WrongType { api_version: String, kind: String },
+    #[error("the AdmissionReview has no request")]
+    MissingRequest,
+    #[error("the AdmissionReview request has no uid")]
+    MissingUid,
+    #[error(
+        "nightshift only handles pods, got {kind}: check the rules of the webhook configuration"
+    )]
+    NotAPod { uid: String, kind: String },
+    #[error("the request carries no pod object")]
+    MissingObject { uid: String },
+    #[error("the request names no namespace")]
+    MissingNamespace { uid: String },
+    #[error("the pod cannot be read: {reason}")]
+    UnreadablePod { uid: String, reason: String },
+    #[error("encoding the answer failed: {0}")]
+    Encode(String),
+}
 
 /// What happened to one review, for metrics and logs.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -159,7 +187,7 @@ impl Reviewer {
         answer
     }
 
-    async fn review_inner(&self, body: &[u8]) -> Result<(AdmissionResponse, Outcome), Error> {
+    async fn review_inner(&self, body: &[u8]) -> Result<(AdmissionResponse, Outcome), ReviewError> {
         let mut request = parse(body)?;
         let response = AdmissionResponse::from(&request);
         let uid = request.uid.clone();
@@ -171,7 +199,7 @@ impl Reviewer {
             return Ok((response, Outcome::Skipped));
         }
         let Some(pod) = object.as_ref() else {
-            return Err(Error::MissingObject { uid });
+            return Err(ReviewError::MissingObject { uid });
         };
         let Some(namespace) = request
             .namespace
@@ -179,7 +207,7 @@ impl Reviewer {
             .or(pod.metadata.namespace.as_deref())
             .filter(|ns| !ns.is_empty())
         else {
-            return Err(Error::MissingNamespace { uid });
+            return Err(ReviewError::MissingNamespace { uid });
         };
         let labels = if self.policy.excluded_namespaces.contains(namespace) {
             Default::default()
@@ -234,7 +262,7 @@ impl Reviewer {
                     self.metrics.patch_operations.inc_by(ops as u64);
                     response = response
                         .with_patch(patch)
-                        .map_err(|e| Error::Encode(e.to_string()))?;
+                        .map_err(|e| ReviewError::Encode(e.to_string()))?;
                 }
                 if !warnings.is_empty() {
                     response.warnings = Some(warnings);
@@ -259,32 +287,32 @@ fn deny(response: AdmissionResponse, denial: &Denial) -> AdmissionResponse {
 /// Parses a review. The fast path reads the fields of the pod that decisions use straight into
 /// their typed form ([`AdmittedPod`]); only when that fails is the body parsed again, loosely, to
 /// tell the caller precisely what is wrong (and to echo the uid when there is one).
-fn parse(body: &[u8]) -> Result<AdmissionRequest<AdmittedPod>, Error> {
+fn parse(body: &[u8]) -> Result<AdmissionRequest<AdmittedPod>, ReviewError> {
     let typed_error = match serde_json::from_slice::<AdmissionReview<AdmittedPod>>(body) {
         Ok(review) => {
             check_types(&review.types)?;
             let request: AdmissionRequest<AdmittedPod> =
-                review.try_into().map_err(|_| Error::MissingRequest)?;
+                review.try_into().map_err(|_| ReviewError::MissingRequest)?;
             check_request(&request.uid, &request.kind)?;
             return Ok(request);
         }
         Err(e) => e,
     };
     let loose: AdmissionReview<DynamicObject> =
-        serde_json::from_slice(body).map_err(|e| Error::NotAReview(e.to_string()))?;
+        serde_json::from_slice(body).map_err(|e| ReviewError::NotAReview(e.to_string()))?;
     check_types(&loose.types)?;
     let request: AdmissionRequest<DynamicObject> =
-        loose.try_into().map_err(|_| Error::MissingRequest)?;
+        loose.try_into().map_err(|_| ReviewError::MissingRequest)?;
     check_request(&request.uid, &request.kind)?;
-    Err(Error::UnreadablePod {
+    Err(ReviewError::UnreadablePod {
         uid: request.uid,
         reason: typed_error.to_string(),
     })
 }
 
-fn check_types(types: &kube::core::TypeMeta) -> Result<(), Error> {
+fn check_types(types: &kube::core::TypeMeta) -> Result<(), ReviewError> {
     if types.api_version != META_API_VERSION_V1 || types.kind != META_KIND {
-        return Err(Error::WrongType {
+        return Err(ReviewError::WrongType {
             api_version: types.api_version.clone(),
             kind: types.kind.clone(),
         });
@@ -292,12 +320,12 @@ fn check_types(types: &kube::core::TypeMeta) -> Result<(), Error> {
     Ok(())
 }
 
-fn check_request(uid: &str, kind: &kube::core::GroupVersionKind) -> Result<(), Error> {
+fn check_request(uid: &str, kind: &kube::core::GroupVersionKind) -> Result<(), ReviewError> {
     if uid.is_empty() {
-        return Err(Error::MissingUid);
+        return Err(ReviewError::MissingUid);
     }
     if !(kind.group.is_empty() && kind.kind == "Pod") {
-        return Err(Error::NotAPod {
+        return Err(ReviewError::NotAPod {
             uid: uid.to_string(),
             kind: if kind.group.is_empty() {
                 format!("{}/{}", kind.version, kind.kind)
@@ -336,7 +364,7 @@ struct ResponseOut<'a> {
     warnings: Option<&'a [String]>,
 }
 
-fn encode(response: AdmissionResponse) -> Result<Vec<u8>, Error> {
+fn encode(response: AdmissionResponse) -> Result<Vec<u8>, ReviewError> {
     use base64::Engine as _;
     let patch = response
         .patch
@@ -355,18 +383,18 @@ fn encode(response: AdmissionResponse) -> Result<Vec<u8>, Error> {
             warnings: response.warnings.as_deref(),
         },
     };
-    serde_json::to_vec(&out).map_err(|e| Error::Encode(e.to_string()))
+    serde_json::to_vec(&out).map_err(|e| ReviewError::Encode(e.to_string()))
 }
 
-impl Error {
+impl ReviewError {
     /// The one place where errors become answers: HTTP 400 when there is no uid to answer to,
     /// otherwise an invalid-request AdmissionResponse echoing the uid.
     fn into_answer(self) -> Answer {
         let uid = match &self {
-            Error::MissingObject { uid }
-            | Error::MissingNamespace { uid }
-            | Error::NotAPod { uid, .. }
-            | Error::UnreadablePod { uid, .. } => uid.clone(),
+            ReviewError::MissingObject { uid }
+            | ReviewError::MissingNamespace { uid }
+            | ReviewError::NotAPod { uid, .. }
+            | ReviewError::UnreadablePod { uid, .. } => uid.clone(),
             _ => return Answer::BadRequest(format!("{self}\n")),
         };
         let mut response = AdmissionResponse::invalid(&self);

@@ -1,7 +1,7 @@
-//! HTTPS transport: the axum [`router`] (`POST /mutate`, `GET /readyz`) and [`serve`], which accepts TCP
-//! connections, does the TLS handshake (tokio-rustls) and hands each connection to hyper-util's
-//! HTTP/1.1 + HTTP/2 server. On shutdown it stops accepting and lets every connection finish the
-//! reviews in flight before closing.
+//! HTTPS transport: the axum [`router`] (`POST /mutate`, `GET /readyz`) and [`serve`], which
+//! takes the connections [`crate::tls::incoming`] has accepted and handshaken and hands each to
+//! hyper-util's HTTP/1.1 + HTTP/2 server. On shutdown it stops accepting and lets every
+//! connection finish the reviews in flight before closing.
 
 use std::{sync::Arc, time::Duration};
 
@@ -18,24 +18,23 @@ use hyper_util::{
     server::conn::auto,
     service::TowerToHyperService,
 };
-use rustls::ServerConfig;
-use tokio::{net::TcpListener, task::JoinSet};
-use tokio_rustls::TlsAcceptor;
+use tokio::{
+    net::{TcpListener, TcpStream},
+    task::JoinSet,
+};
+use tokio_rustls::server::TlsStream;
+use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{self, Readiness};
+use crate::{
+    admin::{self, Readiness},
+    tls::{self, ServerTls},
+};
 
 use super::{
     Error,
     review::{Answer, Reviewer},
 };
-
-/// A client that opens a connection and never finishes the handshake must not hold a task
-/// forever; the API server completes a handshake in milliseconds.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// After a failed `accept` (e.g. out of file descriptors) wait a little instead of spinning.
-const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
 
 /// HTTP/1.1: how long a connection may take to send a request's headers, counted from when the
 /// server starts waiting for them, so it also closes idle keep-alive connections. Longer than the
@@ -74,79 +73,68 @@ async fn mutate(State(reviewer): State<Arc<Reviewer>>, body: Bytes) -> Response 
 /// (in-flight reviews are answered, idle keep-alive connections are closed).
 pub async fn serve(
     listener: TcpListener,
-    tls: Arc<ServerConfig>,
+    tls: Arc<ServerTls>,
     router: Router,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "webhook listening (HTTPS)");
     }
-    let acceptor = TlsAcceptor::from(tls);
+    let mut accepted = tls::incoming(tls, listener, shutdown.clone());
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            accepted = listener.accept() => {
-                let (tcp, peer) = match accepted {
-                    Ok(conn) => conn,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "webhook accept failed");
-                        tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
-                        continue;
-                    }
-                };
-                let acceptor = acceptor.clone();
-                let router = router.clone();
-                let shutdown = shutdown.clone();
-                connections.spawn(async move {
-                    // Reviews are small request/response pairs: send them without delay.
-                    let _ = tcp.set_nodelay(true);
-                    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => tls,
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(%peer, "TLS handshake timed out");
-                            return;
-                        }
-                    };
-                    let mut builder = auto::Builder::new(TokioExecutor::new());
-                    builder
-                        .http1()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(HTTP1_HEADER_READ_TIMEOUT);
-                    builder
-                        .http2()
-                        .timer(TokioTimer::new())
-                        .keep_alive_interval(HTTP2_KEEP_ALIVE_INTERVAL)
-                        .keep_alive_timeout(HTTP2_KEEP_ALIVE_TIMEOUT);
-                    let conn = builder.serve_connection(TokioIo::new(tls), TowerToHyperService::new(router));
-                    tokio::pin!(conn);
-                    tokio::select! {
-                        res = conn.as_mut() => {
-                            if let Err(e) = res {
-                                tracing::debug!(%peer, error = %e, "webhook connection ended with an error");
-                            }
-                        }
-                        () = shutdown.cancelled() => {
-                            conn.as_mut().graceful_shutdown();
-                            if let Err(e) = conn.await {
-                                tracing::debug!(%peer, error = %e, "webhook connection ended with an error while draining");
-                            }
-                        }
-                    }
-                });
-            }
+            next = accepted.next() => match next {
+                Some(Ok(stream)) => {
+                    connections.spawn(serve_connection(stream, router.clone(), shutdown.clone()));
+                }
+                Some(Err(e)) => tracing::debug!(error = %e, "webhook connection not accepted"),
+                None => break,
+            },
         }
     }
-    drop(listener);
+    drop(accepted);
     tracing::info!(
         connections = connections.len(),
         "webhook draining in-flight reviews"
     );
     while connections.join_next().await.is_some() {}
     Ok(())
+}
+
+/// Serves one handshaken connection until the client closes it, or, after `shutdown`, until
+/// the reviews in flight on it are answered.
+async fn serve_connection(
+    stream: TlsStream<TcpStream>,
+    router: Router,
+    shutdown: CancellationToken,
+) {
+    let peer = stream.get_ref().0.peer_addr().ok();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HTTP1_HEADER_READ_TIMEOUT);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(HTTP2_KEEP_ALIVE_INTERVAL)
+        .keep_alive_timeout(HTTP2_KEEP_ALIVE_TIMEOUT);
+    let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router));
+    tokio::pin!(conn);
+    tokio::select! {
+        res = conn.as_mut() => {
+            if let Err(e) = res {
+                tracing::debug!(?peer, error = %e, "webhook connection ended with an error");
+            }
+        }
+        () = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            if let Err(e) = conn.await {
+                tracing::debug!(?peer, error = %e, "webhook connection ended with an error while draining");
+            }
+        }
+    }
 }

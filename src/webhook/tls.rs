@@ -1,23 +1,24 @@
-//! TLS for the webhook: a rustls server configuration (TLS 1.2 and 1.3 only) whose certificate
-//! is a [`ReloadingCert`] (see [`crate::tls`]), so a rotated certificate is used for new
-//! handshakes without a restart and without disturbing requests in flight.
+//! The webhook's TLS: HTTPS with HTTP/2 and HTTP/1.1 offered (TLS 1.2+), its serving certificate
+//! reloaded from disk. Everything but these choices lives in [`crate::tls`].
 
-use std::sync::Arc;
+use std::{path::Path, sync::Arc};
 
-use rustls::ServerConfig;
+use crate::tls::{self, ServerTls, Settings};
 
-pub use crate::tls::ReloadingCert;
+/// The webhook's name in TLS logs and in the `server` label of the TLS metrics.
+pub const SERVER: &str = "webhook";
 
-use super::Error;
+/// The API server speaks HTTP/2; HTTP/1.1 stays offered for other clients (probes, curl).
+const ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
 
-/// A rustls server configuration for the webhook: TLS 1.2+ only, HTTP/2 and HTTP/1.1 offered.
-pub fn server_config(cert: Arc<ReloadingCert>) -> Result<Arc<ServerConfig>, Error> {
-    let provider = cert.provider();
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| Error::TlsConfig(e.to_string()))?
-        .with_no_client_auth()
-        .with_cert_resolver(cert);
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+/// Loads the serving certificate and key into the webhook's TLS configuration.
+pub fn load(cert: &Path, key: &Path, metrics: &tls::Metrics) -> Result<Arc<ServerTls>, tls::Error> {
+    let settings = Settings {
+        server: SERVER,
+        cert,
+        key,
+        client_ca: None,
+        alpn: ALPN,
+    };
+    ServerTls::load(&settings, metrics)
 }

@@ -14,9 +14,9 @@ use nightshift::{
                 external_scaler_client::ExternalScalerClient,
             },
         },
-        tls::ScalerTls,
     },
     sources::metrics::SourceMetrics,
+    tls::ServerTls,
 };
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -48,7 +48,7 @@ impl ScalerUnderTest {
     pub async fn start_with(
         cache_ttl: Duration,
         stream_interval: Duration,
-        tls: Option<Arc<ScalerTls>>,
+        tls: Option<Arc<ServerTls>>,
     ) -> Self {
         nightshift::install_crypto_provider();
         let stop = CancellationToken::new();

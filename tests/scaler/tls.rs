@@ -11,8 +11,9 @@ use std::{
     time::Duration,
 };
 
-use nightshift::scaler::{
-    service::proto::external_scaler_client::ExternalScalerClient, tls::ScalerTls,
+use nightshift::{
+    scaler::{self, service::proto::external_scaler_client::ExternalScalerClient},
+    tls::{Metrics, ServerTls},
 };
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -57,12 +58,13 @@ fn write_server_files(dir: &Path, server: &(String, String), client_ca: Option<&
     }
 }
 
-fn load(dir: &Path, mtls: bool) -> Arc<ScalerTls> {
+fn load(dir: &Path, mtls: bool) -> Arc<ServerTls> {
     let ca = dir.join("ca.crt");
-    ScalerTls::load(
+    scaler::tls::load(
         &dir.join("tls.crt"),
         &dir.join("tls.key"),
         mtls.then_some(ca.as_path()),
+        &Metrics::default(),
     )
     .expect("TLS files load")
 }

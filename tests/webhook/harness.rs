@@ -6,13 +6,16 @@ mod localhost_cert;
 
 use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 
-use nightshift::webhook::{
-    Error,
-    certs::{self, GenerateArgs},
-    cluster::{ClusterView, FixedCluster},
-    mutate::{Policy, PriorityClassInfo, PriorityClasses},
-    review::{Metrics, Reviewer},
-    server, tls,
+use nightshift::{
+    tls::ServerTls,
+    webhook::{
+        Error,
+        certs::{self, GenerateArgs},
+        cluster::{ClusterError, ClusterView, FixedCluster},
+        mutate::{Policy, PriorityClassInfo, PriorityClasses},
+        review::{Metrics, Reviewer},
+        server,
+    },
 };
 use rustls_pki_types::{CertificateDer, ServerName, pem::PemObject};
 use serde_json::{Value, json};
@@ -27,7 +30,7 @@ pub struct Server {
     pub client: reqwest::Client,
     pub ca_pem: Vec<u8>,
     pub cert_args: GenerateArgs,
-    pub cert: Arc<tls::ReloadingCert>,
+    pub tls: Arc<ServerTls>,
     pub metrics: Metrics,
     pub shutdown: CancellationToken,
     task: Option<JoinHandle<Result<(), Error>>>,
@@ -60,8 +63,7 @@ impl Server {
     pub async fn start_with(cluster: Arc<dyn ClusterView>) -> Self {
         nightshift::install_crypto_provider();
         let dir = tempfile::tempdir().expect("tempdir");
-        let (cert_args, cert) = localhost_cert::generate(dir.path());
-        let config = tls::server_config(cert.clone()).expect("tls config");
+        let (cert_args, tls) = localhost_cert::generate(dir.path());
         let metrics = Metrics::default();
         let reviewer = Reviewer {
             policy: Arc::new(Policy::default()),
@@ -78,10 +80,15 @@ impl Server {
         let shutdown = CancellationToken::new();
         // Fast polling so rotation tests do not wait long.
         tokio::spawn(
-            cert.clone()
+            tls.clone()
                 .watch(Duration::from_millis(20), shutdown.clone()),
         );
-        let task = tokio::spawn(server::serve(listener, config, router, shutdown.clone()));
+        let task = tokio::spawn(server::serve(
+            listener,
+            tls.clone(),
+            router,
+            shutdown.clone(),
+        ));
         let ca_pem = std::fs::read(dir.path().join(certs::CA_CERT)).expect("ca");
         let client = reqwest::Client::builder()
             .tls_certs_only([reqwest::Certificate::from_pem(&ca_pem).expect("ca pem")])
@@ -92,7 +99,7 @@ impl Server {
             client,
             ca_pem,
             cert_args,
-            cert,
+            tls,
             metrics,
             shutdown,
             task: Some(task),
@@ -238,7 +245,7 @@ impl ClusterView for SlowCluster {
     async fn namespace_labels(
         &self,
         namespace: &str,
-    ) -> Result<Option<BTreeMap<String, String>>, Error> {
+    ) -> Result<Option<BTreeMap<String, String>>, ClusterError> {
         self.entered.notify_one();
         tokio::time::sleep(self.delay).await;
         self.inner.namespace_labels(namespace).await

@@ -297,7 +297,7 @@ async fn a_half_written_rotation_keeps_the_previous_certificate() {
         server.cert_args.dir.join(certs::TLS_CERT),
     )
     .expect("copy");
-    assert!(server.cert.reload().is_err(), "mismatched pair rejected");
+    assert!(server.tls.reload().is_err(), "mismatched pair rejected");
     assert_eq!(server.served_leaf().await, before);
     let (status, _) = post(
         &server,

@@ -1,7 +1,6 @@
-//! Serving certificates read from PEM files and swapped in place when the files change, shared
-//! by the webhook's HTTPS server and the scaler's gRPC server: a rotated certificate (a renewed
-//! Secret, cert-manager) is used for new handshakes without a restart and without disturbing
-//! connections or requests already in flight.
+//! The serving certificate: read from PEM files, handed to rustls as its certificate resolver,
+//! and swapped in place when the files change, so new handshakes get the rotated certificate
+//! while connections already open keep the session they negotiated.
 //!
 //! A half-written rotation (new certificate, old key) is detected because the key must match
 //! the certificate; the previous pair stays in use until the files agree again.
@@ -9,32 +8,21 @@
 use std::{
     fmt,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
-    time::Duration,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicI64, Ordering},
+    },
 };
 
 use arc_swap::ArcSwap;
-use prometheus_client::metrics::counter::Counter;
 use rustls::{
     crypto::CryptoProvider,
     server::{ClientHello, ResolvesServerCert},
     sign::CertifiedKey,
 };
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
-use tokio_util::sync::CancellationToken;
 
-/// Errors reading TLS files.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("cannot read {}: {source}", path.display())]
-    ReadFile {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{}: {reason}", path.display())]
-    BadFile { path: PathBuf, reason: String },
-}
+use super::Error;
 
 /// The serving certificate, reloadable.
 pub struct ReloadingCert {
@@ -42,9 +30,10 @@ pub struct ReloadingCert {
     key_path: PathBuf,
     provider: Arc<CryptoProvider>,
     current: ArcSwap<CertifiedKey>,
+    /// The leaf certificate's notAfter, in seconds since the Unix epoch, of `current`.
+    not_after: AtomicI64,
     /// The file contents last loaded, to notice changes cheaply.
     loaded: Mutex<(Vec<u8>, Vec<u8>)>,
-    reloads: Counter,
 }
 
 impl fmt::Debug for ReloadingCert {
@@ -57,35 +46,41 @@ impl fmt::Debug for ReloadingCert {
 }
 
 impl ReloadingCert {
-    /// The crypto provider the certificate was loaded with (for building server configurations).
-    pub fn provider(&self) -> Arc<CryptoProvider> {
-        self.provider.clone()
-    }
-
     /// Loads the certificate chain and key; fails if either is missing, unreadable or they do not
     /// belong together.
     pub fn load(cert_path: &Path, key_path: &Path) -> Result<Arc<Self>, Error> {
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let (cert_pem, key_pem) = read_pair(cert_path, key_path)?;
-        let key = certified_key(&cert_pem, &key_pem, &provider, cert_path, key_path)?;
+        let served = served_pair(&cert_pem, &key_pem, &provider, cert_path, key_path)?;
         Ok(Arc::new(Self {
             cert_path: cert_path.to_path_buf(),
             key_path: key_path.to_path_buf(),
             provider,
-            current: ArcSwap::from_pointee(key),
+            current: ArcSwap::from_pointee(served.key),
+            not_after: AtomicI64::new(served.not_after),
             loaded: Mutex::new((cert_pem, key_pem)),
-            reloads: Counter::default(),
         }))
     }
 
-    /// Counter of successful reloads (each server registers it under its own name).
-    pub fn reloads(&self) -> Counter {
-        self.reloads.clone()
+    /// The crypto provider the certificate was loaded with (for building server configurations).
+    pub fn provider(&self) -> Arc<CryptoProvider> {
+        self.provider.clone()
+    }
+
+    /// The certificate file, for logs.
+    pub fn cert_path(&self) -> &Path {
+        &self.cert_path
     }
 
     /// The DER of the leaf certificate currently served.
     pub fn current_leaf(&self) -> Option<CertificateDer<'static>> {
         self.current.load().cert.first().cloned()
+    }
+
+    /// When the leaf certificate currently served expires (its notAfter), in seconds since the
+    /// Unix epoch.
+    pub fn not_after(&self) -> i64 {
+        self.not_after.load(Ordering::Relaxed)
     }
 
     /// Re-reads the files; swaps the certificate if they changed and are valid. Returns whether
@@ -99,40 +94,17 @@ impl ReloadingCert {
         if loaded.0 == cert_pem && loaded.1 == key_pem {
             return Ok(false);
         }
-        let key = certified_key(
+        let served = served_pair(
             &cert_pem,
             &key_pem,
             &self.provider,
             &self.cert_path,
             &self.key_path,
         )?;
-        self.current.store(Arc::new(key));
+        self.current.store(Arc::new(served.key));
+        self.not_after.store(served.not_after, Ordering::Relaxed);
         *loaded = (cert_pem, key_pem);
-        self.reloads.inc();
         Ok(true)
-    }
-
-    /// Polls the files every `interval` until `shutdown`.
-    pub async fn watch(self: Arc<Self>, interval: Duration, shutdown: CancellationToken) {
-        let mut ticker = tokio::time::interval(interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = ticker.tick() => {}
-                () = shutdown.cancelled() => return,
-            }
-            match self.reload() {
-                Ok(true) => tracing::info!(
-                    cert = %self.cert_path.display(),
-                    "serving certificate reloaded"
-                ),
-                Ok(false) => {}
-                Err(e) => tracing::warn!(
-                    error = %e,
-                    "certificate files changed but cannot be used yet; still serving the previous certificate"
-                ),
-            }
-        }
     }
 }
 
@@ -142,38 +114,51 @@ impl ResolvesServerCert for ReloadingCert {
     }
 }
 
+/// Reads a file whole, naming it in the error.
+pub(super) fn read(path: &Path) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|source| Error::ReadFile {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 fn read_pair(cert_path: &Path, key_path: &Path) -> Result<(Vec<u8>, Vec<u8>), Error> {
-    let read = |path: &Path| {
-        std::fs::read(path).map_err(|source| Error::ReadFile {
-            path: path.to_path_buf(),
-            source,
-        })
-    };
     Ok((read(cert_path)?, read(key_path)?))
 }
 
-fn certified_key(
+/// A certificate and key that belong together, and the leaf's expiry.
+struct ServedPair {
+    key: CertifiedKey,
+    not_after: i64,
+}
+
+fn served_pair(
     cert_pem: &[u8],
     key_pem: &[u8],
     provider: &CryptoProvider,
     cert_path: &Path,
     key_path: &Path,
-) -> Result<CertifiedKey, Error> {
-    let bad = |path: &Path, reason: String| Error::BadFile {
-        path: path.to_path_buf(),
-        reason,
-    };
+) -> Result<ServedPair, Error> {
     let chain = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| bad(cert_path, e.to_string()))?;
-    if chain.is_empty() {
-        return Err(bad(cert_path, "no PEM certificate found".into()));
-    }
-    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| bad(key_path, e.to_string()))?;
-    CertifiedKey::from_der(chain, key, provider).map_err(|e| {
-        bad(
+        .map_err(|e| Error::bad(cert_path, e))?;
+    let Some(leaf) = chain.first() else {
+        return Err(Error::bad(cert_path, "no PEM certificate found"));
+    };
+    let not_after = not_after(leaf).map_err(|reason| Error::bad(cert_path, reason))?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| Error::bad(key_path, e))?;
+    let key = CertifiedKey::from_der(chain, key, provider).map_err(|e| {
+        Error::bad(
             key_path,
             format!("does not match {}: {e}", cert_path.display()),
         )
-    })
+    })?;
+    Ok(ServedPair { key, not_after })
+}
+
+/// The notAfter of a DER certificate, in seconds since the Unix epoch.
+fn not_after(der: &CertificateDer<'_>) -> Result<i64, String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref())
+        .map_err(|e| format!("cannot read the certificate's validity: {e}"))?;
+    Ok(cert.validity().not_after.timestamp())
 }
