@@ -50,6 +50,9 @@ fn problem(
     if !file.exists() {
         return Some(format!("{} does not exist", shown(&file)));
     }
+    if !inside_the_repository(&file) {
+        return Some(format!("{} is outside the repository", file.display()));
+    }
     let fragment = fragment?;
     if file.extension().is_none_or(|ext| ext != "md") {
         return None;
@@ -65,6 +68,15 @@ fn problem(
             "{} has no heading with anchor #{fragment}",
             shown(&file)
         ))
+    }
+}
+
+/// Whether an existing `path` lies in the repository (a link that leaves it breaks on any other
+/// checkout).
+fn inside_the_repository(path: &Path) -> bool {
+    match (path.canonicalize(), repo_root().canonicalize()) {
+        (Ok(path), Ok(root)) => path.starts_with(root),
+        _ => false,
     }
 }
 
