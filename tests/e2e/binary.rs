@@ -1,8 +1,8 @@
 //! The nightshift binary in the end-to-end environment: the real binary (`nightshift run`) started
 //! outside the cluster against the test API server, with a serving certificate made by
 //! `nightshift certs generate`, and its webhook registered through `manifests/overlays/local`
-//! (rendered with kustomize, `caBundle` and URL filled in by a wrapping kustomization, as the
-//! README's "Running nightshift outside the cluster" shows).
+//! (rendered with kustomize, `caBundle` and URL filled in by a wrapping kustomization, as
+//! docs/deploy.md's "Running nightshift outside the cluster" shows).
 //!
 //! Every port is chosen by the OS (`127.0.0.1:0`) and read back from nightshift's own log; the
 //! process is killed when its guard drops, and its log stays in the component log directory
