@@ -32,6 +32,10 @@ pub const SPARE_LABEL: &str = "nightshift.io/spare";
 pub const SPARE_GPUS_LABEL: &str = "nightshift.io/spare-gpus";
 /// Extended resource of GPUs (the NVIDIA device plugin's name).
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// Annotation a research pod may set to the RFC 3339 time of its last checkpoint: work before it
+/// is not lost when the pod is preempted. Without it, everything since the pod started counts as
+/// lost.
+pub const CHECKPOINTED_AT_ANNOTATION: &str = "nightshift.io/checkpointed-at";
 /// Value of the research, lent and spare labels when they are set.
 pub const TRUE: &str = "true";
 

@@ -9,13 +9,13 @@
 //! Only compact facts are kept, never whole `Pod` objects, so that a cluster of 20,000 pods costs
 //! a few MiB and a pod event updates one node's sums in O(1).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Container, Node, Pod};
 use serde::{Deserialize, Serialize};
 
-use crate::vocabulary::{TRUE, Vocabulary};
+use crate::vocabulary::{CHECKPOINTED_AT_ANNOTATION, TRUE, Vocabulary};
 
 /// What is known about one pool node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,6 +61,8 @@ pub struct PodFacts {
     pub phase: String,
     pub created: Option<Timestamp>,
     pub started: Option<Timestamp>,
+    /// `nightshift.io/checkpointed-at`, when the pod reports a readable one.
+    pub checkpointed: Option<Timestamp>,
     pub disruption: Option<Disruption>,
     /// The node's slot in the [`Ledger`], assigned when the ledger takes the pod, so that a
     /// recount adds up without hashing node names.
@@ -243,6 +245,11 @@ pub fn pod_facts(pod: &Pod, names: &Vocabulary) -> PodFacts {
             .as_ref()
             .and_then(|s| s.start_time.as_ref())
             .map(|t| t.0),
+        checkpointed: meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(CHECKPOINTED_AT_ANNOTATION))
+            .and_then(|v| v.trim().parse::<Timestamp>().ok()),
         disruption: disruption(pod),
         slot: None,
         namespace,
@@ -344,6 +351,10 @@ pub struct DisruptionRecord {
     pub ran_seconds: Option<i64>,
     pub gpus: u64,
     pub at: Timestamp,
+    /// GPU-seconds of work lost: GPUs × time since the last checkpoint the pod reported
+    /// (`nightshift.io/checkpointed-at`), or since it started. `None` if it never started.
+    #[serde(default)]
+    pub lost_gpu_seconds: Option<u64>,
 }
 
 /// Per-node GPU sums over every pod, updated incrementally.
@@ -543,6 +554,18 @@ impl Ledger {
         t
     }
 
+    /// GPUs that research pods hold on pool nodes now, per namespace.
+    pub fn lent_by_namespace(&self) -> BTreeMap<String, u64> {
+        let mut lent = BTreeMap::new();
+        for p in self.pods.values().filter(|p| p.research && !p.terminal) {
+            let on_pool = p.node.as_ref().is_some_and(|n| self.nodes.contains_key(n));
+            if let (true, Some(g)) = (on_pool, p.gpus) {
+                *lent.entry(p.namespace.clone()).or_insert(0) += g;
+            }
+        }
+        lent
+    }
+
     /// A rough figure of the heap this ledger holds, for capacity planning.
     pub fn approx_heap_bytes(&self) -> usize {
         let pod_strings: usize = self
@@ -583,16 +606,44 @@ fn newly_disrupted(
     if old.is_some_and(|o| o.disruption.is_some()) {
         return None;
     }
-    let at = disruption.at.unwrap_or(now);
-    Some(DisruptionRecord {
-        namespace: new.namespace.clone(),
-        name: new.name.clone(),
-        node: new.node.clone(),
-        reason: disruption.reason.clone(),
-        ran_seconds: new.started.map(|s| at.duration_since(s).as_secs().max(0)),
-        gpus: new.gpus.unwrap_or(0),
-        at,
-    })
+    Some(DisruptionRecord::new(
+        new,
+        &disruption.reason,
+        disruption.at.unwrap_or(now),
+    ))
+}
+
+impl DisruptionRecord {
+    /// The record of `pod` disrupted for `reason` at `at`.
+    pub fn new(pod: &PodFacts, reason: &str, at: Timestamp) -> Self {
+        let gpus = pod.gpus.unwrap_or(0);
+        Self {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            node: pod.node.clone(),
+            reason: reason.to_string(),
+            ran_seconds: pod.started.map(|s| at.duration_since(s).as_secs().max(0)),
+            gpus,
+            at,
+            lost_gpu_seconds: lost_work(pod.started, pod.checkpointed, at)
+                .map(|secs| secs.saturating_mul(gpus)),
+        }
+    }
+}
+
+/// Seconds of work lost at `at`: since the last checkpoint before `at` or, without one, since
+/// the start. A checkpoint before the start (a restarted pod's old annotation) or after `at`
+/// (clock skew) does not count.
+pub fn lost_work(
+    started: Option<Timestamp>,
+    checkpointed: Option<Timestamp>,
+    at: Timestamp,
+) -> Option<u64> {
+    let started = started?;
+    let since = checkpointed
+        .filter(|c| *c >= started && *c <= at)
+        .unwrap_or(started);
+    Some(u64::try_from(at.duration_since(since).as_secs()).unwrap_or(0))
 }
 
 #[cfg(test)]
@@ -613,6 +664,67 @@ mod tests {
 
     fn now() -> Timestamp {
         Timestamp::from_second(1_000_000).expect("ts")
+    }
+
+    #[test]
+    fn lost_work_runs_from_the_last_checkpoint_else_from_the_start() {
+        let t = |s: i64| Timestamp::from_second(1_900_000_000 + s).expect("ts");
+        assert_eq!(lost_work(Some(t(0)), None, t(3600)), Some(3600));
+        assert_eq!(lost_work(Some(t(0)), Some(t(3000)), t(3600)), Some(600));
+        assert_eq!(
+            lost_work(Some(t(100)), Some(t(50)), t(3600)),
+            Some(3500),
+            "a checkpoint older than this start is a previous pod's"
+        );
+        assert_eq!(
+            lost_work(Some(t(0)), Some(t(4000)), t(3600)),
+            Some(3600),
+            "a checkpoint after the disruption (clock skew) does not count"
+        );
+        assert_eq!(lost_work(None, Some(t(10)), t(3600)), None, "never started");
+    }
+
+    #[test]
+    fn a_readable_checkpoint_annotation_is_taken_and_a_garbled_one_ignored() {
+        let names = Vocabulary::default();
+        let at = Timestamp::from_second(1_900_000_000).expect("ts");
+        let p = pod("r", "x")
+            .annotation(CHECKPOINTED_AT_ANNOTATION, &at.to_string())
+            .build();
+        assert_eq!(pod_facts(&p, &names).checkpointed, Some(at));
+        let p = pod("r", "x")
+            .annotation(CHECKPOINTED_AT_ANNOTATION, "yesterday")
+            .build();
+        assert_eq!(pod_facts(&p, &names).checkpointed, None);
+    }
+
+    #[test]
+    fn lent_gpus_are_summed_per_namespace_on_pool_nodes_only() {
+        let names = Vocabulary::default();
+        let mut l = Ledger::new();
+        l.apply_node(node_facts(&node("a", 8).build(), &names));
+        let now = Timestamp::from_second(1_900_000_000).expect("ts");
+        for p in [
+            pod("t1", "a").on("a").gpus(2).research().build(),
+            pod("t1", "b").on("a").gpus(1).research().build(),
+            pod("t2", "c").on("a").gpus(4).research().build(),
+            pod("t2", "off-pool")
+                .on("elsewhere")
+                .gpus(4)
+                .research()
+                .build(),
+            pod("t3", "done")
+                .on("a")
+                .gpus(4)
+                .research()
+                .phase("Succeeded")
+                .build(),
+            pod("serving", "v").on("a").gpus(1).build(),
+        ] {
+            l.apply_pod(pod_facts(&p, &names), now);
+        }
+        let by_ns: Vec<(String, u64)> = l.lent_by_namespace().into_iter().collect();
+        assert_eq!(by_ns, [("t1".to_string(), 3), ("t2".to_string(), 4)]);
     }
 
     #[test]

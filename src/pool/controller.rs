@@ -6,9 +6,8 @@
 //! part is tested against fake stores and recorded events.
 
 use std::{
-    collections::{BTreeSet, VecDeque},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     sync::atomic::AtomicU64,
-    time::Duration,
 };
 
 use jiff::Timestamp;
@@ -23,7 +22,7 @@ use prometheus_client::{
 use super::{
     accounting::{DisruptionRecord, Ledger, NodeFacts, PodFacts, node_facts, pod_facts},
     marks::{self, LabelPatch, Plan},
-    status::{NodeStatus, ResearchPod, StatusReport},
+    status::{NamespaceStatus, NodeStatus, ResearchPod, StatusReport},
     windows::Windows,
 };
 use crate::vocabulary::Vocabulary;
@@ -52,6 +51,11 @@ struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NamespaceLabel {
+    namespace: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: &'static str,
 }
@@ -65,9 +69,13 @@ pub struct Metrics {
     preemptions: Family<ReasonLabel, Counter>,
     disrupted_runtime: Histogram,
     lent_gpu_seconds: Counter<f64, AtomicU64>,
+    namespace_lent_gpu_seconds: Family<NamespaceLabel, Counter<f64, AtomicU64>>,
+    namespace_preemptions: Family<NamespaceLabel, Counter>,
+    lost_gpu_seconds: Family<NamespaceLabel, Counter>,
     leader: Gauge,
     lending_open: Gauge,
     label_patches: Family<ResultLabel, Counter>,
+    last_reconcile: Gauge,
 }
 
 impl Default for Metrics {
@@ -82,9 +90,13 @@ impl Default for Metrics {
                 prometheus_client::metrics::histogram::exponential_buckets(60.0, 4.0, 10),
             ),
             lent_gpu_seconds: Counter::default(),
+            namespace_lent_gpu_seconds: Family::default(),
+            namespace_preemptions: Family::default(),
+            lost_gpu_seconds: Family::default(),
             leader: Gauge::default(),
             lending_open: Gauge::default(),
             label_patches: Family::default(),
+            last_reconcile: Gauge::default(),
         }
     }
 }
@@ -123,6 +135,27 @@ impl Metrics {
             self.lent_gpu_seconds.clone(),
         );
         registry.register(
+            "pool_namespace_lent_gpu_seconds",
+            "GPU-seconds lent to research pods, by the research pods' namespace",
+            self.namespace_lent_gpu_seconds.clone(),
+        );
+        registry.register(
+            "pool_namespace_preemptions",
+            "Research pods disrupted (preempted or evicted), by namespace",
+            self.namespace_preemptions.clone(),
+        );
+        registry.register(
+            "pool_lost_gpu_seconds",
+            "Research GPU-seconds lost to disruptions (since the pod's last reported checkpoint, \
+             else since its start), by namespace",
+            self.lost_gpu_seconds.clone(),
+        );
+        registry.register(
+            "pool_last_reconcile_timestamp_seconds",
+            "Unix time of the last pass after which the node marks matched the plan (leader only)",
+            self.last_reconcile.clone(),
+        );
+        registry.register(
             "pool_leader",
             "1 when this replica holds the pool controller lease and writes node marks",
             self.leader.clone(),
@@ -148,6 +181,16 @@ impl Metrics {
     }
 }
 
+/// Research accounting of one namespace, since this replica started.
+#[derive(Clone, Debug, Default)]
+struct NamespaceTotals {
+    /// GPUs its research pods hold now.
+    lent_gpus: u64,
+    lent_gpu_seconds: f64,
+    preemptions: u64,
+    lost_gpu_seconds: u64,
+}
+
 /// The controller's state. Shared behind a mutex with the `/status` handler; never held across
 /// an `.await`.
 #[derive(Debug)]
@@ -162,8 +205,10 @@ pub struct Controller {
     /// Nodes that left the pool while marked: their marks are removed.
     orphans: BTreeSet<String>,
     recent: VecDeque<DisruptionRecord>,
-    /// Lent GPUs at the last integration, and when that was.
-    lent_since: Option<(u64, tokio::time::Instant)>,
+    /// Lent GPUs at the last integration (in all, and per namespace), and when that was.
+    lent_since: Option<(u64, BTreeMap<String, u64>, tokio::time::Instant)>,
+    /// Research accounting per namespace since this replica started, for `/status`.
+    namespaces: BTreeMap<String, NamespaceTotals>,
     node_relist: Option<Vec<NodeFacts>>,
     metrics: Metrics,
 }
@@ -181,6 +226,7 @@ impl Controller {
             orphans: BTreeSet::new(),
             recent: VecDeque::new(),
             lent_since: None,
+            namespaces: BTreeMap::new(),
             node_relist: None,
             metrics,
         }
@@ -315,6 +361,21 @@ impl Controller {
         if let Some(s) = r.ran_seconds {
             self.metrics.disrupted_runtime.observe(s as f64);
         }
+        let label = NamespaceLabel {
+            namespace: r.namespace.clone(),
+        };
+        self.metrics
+            .namespace_preemptions
+            .get_or_create(&label)
+            .inc();
+        let lost = r.lost_gpu_seconds.unwrap_or(0);
+        self.metrics
+            .lost_gpu_seconds
+            .get_or_create(&label)
+            .inc_by(lost);
+        let ns = self.namespaces.entry(r.namespace.clone()).or_default();
+        ns.preemptions += 1;
+        ns.lost_gpu_seconds += lost;
         if self.recent.len() == RECENT_DISRUPTIONS {
             self.recent.pop_front();
         }
@@ -337,7 +398,7 @@ impl Controller {
         self.lending_open = self.policy.windows.open(now);
         self.plan = marks::plan(&self.ledger, self.policy.headroom, self.lending_open);
         let totals = self.ledger.totals();
-        self.integrate_lent(totals.lent, instant);
+        self.integrate_lent(totals.lent, self.ledger.lent_by_namespace(), instant);
         let set = |state: &'static str, v: u64| {
             self.metrics
                 .gpus
@@ -362,21 +423,52 @@ impl Controller {
             node: n.clone(),
             spare_gpus: None,
         }));
+        if patches.is_empty() {
+            self.metrics.last_reconcile.set(now.as_second());
+        }
         patches
     }
 
-    /// Adds the GPU-seconds lent since the last call (lent GPUs change only on events, and
-    /// reconcile runs after every batch of events and at least every second or so).
-    fn integrate_lent(&mut self, lent_now: u64, instant: tokio::time::Instant) {
-        if let Some((lent, since)) = self.lent_since {
-            let dt = instant.saturating_duration_since(since);
-            if lent > 0 && dt > Duration::ZERO {
-                self.metrics
-                    .lent_gpu_seconds
-                    .inc_by(lent as f64 * dt.as_secs_f64());
+    /// Adds the GPU-seconds lent since the last call, in all and per namespace (lent GPUs change
+    /// only on events, and reconcile runs after every batch of events and at least every second
+    /// or so).
+    fn integrate_lent(
+        &mut self,
+        lent_now: u64,
+        by_namespace: BTreeMap<String, u64>,
+        instant: tokio::time::Instant,
+    ) {
+        if let Some((lent, by_ns, since)) = &self.lent_since {
+            let dt = instant.saturating_duration_since(*since).as_secs_f64();
+            if *lent > 0 && dt > 0.0 {
+                self.metrics.lent_gpu_seconds.inc_by(*lent as f64 * dt);
+            }
+            for (namespace, gpus) in by_ns.iter().filter(|(_, g)| **g > 0) {
+                let seconds = *gpus as f64 * dt;
+                if seconds > 0.0 {
+                    self.metrics
+                        .namespace_lent_gpu_seconds
+                        .get_or_create(&NamespaceLabel {
+                            namespace: namespace.clone(),
+                        })
+                        .inc_by(seconds);
+                    let ns = self.namespaces.entry(namespace.clone()).or_default();
+                    ns.lent_gpu_seconds += seconds;
+                }
             }
         }
-        self.lent_since = Some((lent_now, instant));
+        for (namespace, gpus) in &by_namespace {
+            self.namespaces
+                .entry(namespace.clone())
+                .or_default()
+                .lent_gpus = *gpus;
+        }
+        for (namespace, ns) in &mut self.namespaces {
+            if !by_namespace.contains_key(namespace) {
+                ns.lent_gpus = 0;
+            }
+        }
+        self.lent_since = Some((lent_now, by_namespace, instant));
     }
 
     /// Records that a patch succeeded, so that the same patch is not sent again before the node
@@ -436,6 +528,17 @@ impl Controller {
             spare_nodes: self.plan.spare_nodes(),
             nodes,
             research_pods,
+            namespaces: self
+                .namespaces
+                .iter()
+                .map(|(namespace, t)| NamespaceStatus {
+                    namespace: namespace.clone(),
+                    lent_gpus: t.lent_gpus,
+                    lent_gpu_seconds: t.lent_gpu_seconds.round() as u64,
+                    preemptions: t.preemptions,
+                    lost_gpu_seconds: t.lost_gpu_seconds,
+                })
+                .collect(),
             recent_disruptions: self.recent.iter().rev().cloned().collect(),
         }
     }
@@ -469,7 +572,9 @@ mod tests {
         fixtures::{node, pod},
         marks::Verdict,
     };
+    use crate::vocabulary::CHECKPOINTED_AT_ANNOTATION;
     use kube::runtime::reflector::store;
+    use std::time::Duration;
 
     fn policy(headroom: u64) -> Policy {
         Policy {
@@ -669,6 +774,97 @@ mod tests {
         assert_eq!(s.recent_disruptions.len(), 2);
         assert_eq!(s.recent_disruptions[0].name, "j2");
         assert_eq!(s.recent_disruptions[0].ran_seconds, Some(3600));
+    }
+
+    #[test]
+    fn research_is_accounted_per_namespace_with_the_work_lost_since_the_checkpoint() {
+        let mut c = loaded(
+            0,
+            vec![node("a", 8).build()],
+            vec![
+                pod("team-a", "x").on("a").gpus(3).research().build(),
+                pod("team-b", "y").on("a").gpus(1).research().build(),
+                pod("serving", "vllm").on("a").gpus(4).build(),
+            ],
+        );
+        let t0 = tokio::time::Instant::now();
+        c.reconcile(now(), t0);
+        c.reconcile(now(), t0 + Duration::from_secs(100));
+        // team-a's pod ran an hour, checkpointed 10 minutes before it was preempted: 3 GPUs ×
+        // 600 s lost. team-b's pod never reported a checkpoint: 1 GPU × its whole hour.
+        let start = now()
+            .checked_sub(jiff::SignedDuration::from_secs(3600))
+            .expect("ts");
+        let checkpoint = now()
+            .checked_sub(jiff::SignedDuration::from_secs(600))
+            .expect("ts");
+        let a = pod("team-a", "x")
+            .on("a")
+            .gpus(3)
+            .research()
+            .started(start)
+            .annotation(CHECKPOINTED_AT_ANNOTATION, &checkpoint.to_string());
+        let b = pod("team-b", "y").on("a").gpus(1).research().started(start);
+        for p in [a, b] {
+            c.on_pod_event(watcher::Event::Apply(p.clone().build()), now());
+            c.on_pod_event(
+                watcher::Event::Apply(p.disrupted("PreemptionByScheduler", now()).build()),
+                now(),
+            );
+        }
+        let text = encode(c.metrics());
+        for line in [
+            r#"nightshift_pool_namespace_lent_gpu_seconds_total{namespace="team-a"} 300"#,
+            r#"nightshift_pool_namespace_lent_gpu_seconds_total{namespace="team-b"} 100"#,
+            r#"nightshift_pool_namespace_preemptions_total{namespace="team-a"} 1"#,
+            r#"nightshift_pool_lost_gpu_seconds_total{namespace="team-a"} 1800"#,
+            r#"nightshift_pool_lost_gpu_seconds_total{namespace="team-b"} 3600"#,
+        ] {
+            assert!(text.contains(line), "{line} missing in:\n{text}");
+        }
+        assert!(!text.contains(r#"namespace="serving""#), "{text}");
+        let status = c.status(now());
+        let team_a = status
+            .namespaces
+            .iter()
+            .find(|n| n.namespace == "team-a")
+            .expect("team-a");
+        assert_eq!(
+            (
+                team_a.lent_gpu_seconds,
+                team_a.preemptions,
+                team_a.lost_gpu_seconds
+            ),
+            (300, 1, 1800)
+        );
+        assert_eq!(status.recent_disruptions[0].lost_gpu_seconds, Some(3600));
+        let rendered = status.render();
+        assert!(rendered.contains("Research by namespace"), "{rendered}");
+        assert!(rendered.contains("LOST GPU-H"), "{rendered}");
+    }
+
+    #[test]
+    fn the_leader_stamps_each_pass_that_leaves_the_marks_matching() {
+        let mut c = loaded(0, vec![node("a", 8).build()], vec![]);
+        c.set_leader(true);
+        let t0 = tokio::time::Instant::now();
+        let patches = c.reconcile(now(), t0);
+        assert_eq!(patches.len(), 1, "the node needs its marks first");
+        assert!(
+            encode(c.metrics()).contains("nightshift_pool_last_reconcile_timestamp_seconds 0"),
+            "not stamped while a patch is due"
+        );
+        c.patched(&patches[0]);
+        assert!(c.reconcile(now(), t0).is_empty());
+        let stamped = format!(
+            "nightshift_pool_last_reconcile_timestamp_seconds {}",
+            now().as_second()
+        );
+        assert!(
+            encode(c.metrics()).contains(&stamped),
+            "{}",
+            encode(c.metrics())
+        );
     }
 
     #[test]

@@ -168,6 +168,16 @@ impl PodBuilder {
     }
 
     /// Sets `spec.priorityClassName`.
+    /// Sets an annotation.
+    pub fn annotation(mut self, key: &str, value: &str) -> Self {
+        self.0
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(key.to_string(), value.to_string());
+        self
+    }
+
     pub fn priority_class(mut self, name: &str) -> Self {
         self.spec().priority_class_name = Some(name.to_string());
         self

@@ -86,16 +86,11 @@ pub async fn report_from_cluster(
         .filter(|p| p.research)
         .filter_map(|p| {
             let d = p.disruption.as_ref()?;
-            let at = d.at.unwrap_or(now);
-            Some(accounting::DisruptionRecord {
-                namespace: p.namespace.clone(),
-                name: p.name.clone(),
-                node: p.node.clone(),
-                reason: d.reason.clone(),
-                ran_seconds: p.started.map(|s| at.duration_since(s).as_secs().max(0)),
-                gpus: p.gpus.unwrap_or(0),
-                at,
-            })
+            Some(accounting::DisruptionRecord::new(
+                p,
+                &d.reason,
+                d.at.unwrap_or(now),
+            ))
         })
         .collect();
     report

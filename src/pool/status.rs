@@ -58,6 +58,19 @@ impl ResearchPod {
     }
 }
 
+/// Research of one namespace, since the reporting replica started.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespaceStatus {
+    pub namespace: String,
+    /// GPUs its research pods hold on the pool now.
+    pub lent_gpus: u64,
+    pub lent_gpu_seconds: u64,
+    /// Research pods disrupted (preempted or evicted).
+    pub preemptions: u64,
+    /// GPU-seconds of work lost to those disruptions.
+    pub lost_gpu_seconds: u64,
+}
+
 /// The `/status` document.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusReport {
@@ -73,6 +86,10 @@ pub struct StatusReport {
     pub spare_nodes: usize,
     pub nodes: Vec<NodeStatus>,
     pub research_pods: Vec<ResearchPod>,
+    /// Research accounting per namespace, since the reporting replica started (empty for a
+    /// one-shot report, which has no history).
+    #[serde(default)]
+    pub namespaces: Vec<NamespaceStatus>,
     /// Most recent first.
     pub recent_disruptions: Vec<DisruptionRecord>,
 }
@@ -232,6 +249,7 @@ impl StatusReport {
                         d.reason.clone(),
                         d.gpus.to_string(),
                         dash(d.ran_seconds.map(age)),
+                        dash(d.lost_gpu_seconds.map(gpu_hours)),
                     ]
                 })
                 .collect();
@@ -245,10 +263,43 @@ impl StatusReport {
                     "REASON",
                     "GPUS",
                     "RAN",
+                    "LOST GPU-H",
+                ],
+                &rows,
+            );
+        }
+        if !self.namespaces.is_empty() {
+            let _ = writeln!(out, "\nResearch by namespace (since this replica started):");
+            let rows: Vec<Vec<String>> = self
+                .namespaces
+                .iter()
+                .map(|n| {
+                    vec![
+                        n.namespace.clone(),
+                        n.lent_gpus.to_string(),
+                        gpu_hours(n.lent_gpu_seconds),
+                        n.preemptions.to_string(),
+                        gpu_hours(n.lost_gpu_seconds),
+                    ]
+                })
+                .collect();
+            table(
+                &mut out,
+                &[
+                    "NAMESPACE",
+                    "GPUS NOW",
+                    "LENT GPU-H",
+                    "PREEMPTED",
+                    "LOST GPU-H",
                 ],
                 &rows,
             );
         }
         out
     }
+}
+
+/// GPU-seconds as GPU-hours with one decimal.
+fn gpu_hours(seconds: u64) -> String {
+    format!("{:.1}", seconds as f64 / 3600.0)
 }
