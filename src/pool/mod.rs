@@ -6,12 +6,14 @@
 //! - [`lease`]: leader election over a Lease, so that one replica writes.
 //! - [`controller`]: the state machine between watch events and patches, plus metrics.
 //! - [`status`]: the `/status` document and the `nightshift status` table.
+//! - `fixtures`: pod and node builders for tests and benchmarks (feature `test-support`).
 //!
 //! This module wires them to the API server (watches, patches, the Lease) and owns the options
 //! and the one error type; it maps errors to HTTP in one place ([`Error::http_status`]).
 
 pub mod accounting;
 pub mod controller;
+#[cfg(any(test, feature = "test-support"))]
 pub mod fixtures;
 pub mod lease;
 pub mod marks;
