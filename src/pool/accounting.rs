@@ -479,7 +479,8 @@ impl Ledger {
         records
     }
 
-    /// Replaces every pod at once (one-shot listings, tests and benchmarks).
+    /// Replaces every pod at once (tests and benchmarks).
+    #[cfg(any(test, feature = "test-support"))]
     pub fn replace_pods(&mut self, pods: impl IntoIterator<Item = PodFacts>) {
         let mut new: HashMap<String, PodFacts> =
             pods.into_iter().map(|p| (p.key.clone(), p)).collect();

@@ -12,7 +12,7 @@ use std::{
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::runtime::{reflector::Store, watcher};
+use kube::runtime::watcher;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -20,7 +20,7 @@ use prometheus_client::{
 };
 
 use super::{
-    accounting::{DisruptionRecord, Ledger, NodeFacts, PodFacts, node_facts, pod_facts},
+    accounting::{DisruptionRecord, Ledger, NodeFacts, node_facts, pod_facts},
     marks::{self, LabelPatch, Plan},
     status::{NamespaceStatus, NodeStatus, ResearchPod, StatusReport},
     windows::Windows,
@@ -336,7 +336,8 @@ impl Controller {
     }
 
     /// Applies a pod's facts directly (benchmarks and tests).
-    pub fn apply_pod_facts(&mut self, pod: PodFacts, now: Timestamp) {
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn apply_pod_facts(&mut self, pod: super::accounting::PodFacts, now: Timestamp) {
         if let Some(r) = self.ledger.apply_pod(pod, now) {
             self.record_disruption(r);
         }
@@ -545,12 +546,12 @@ impl Controller {
 }
 
 /// Applies the current contents of reflector stores to a controller as one full list each:
-/// the bridge between `kube::runtime::reflector` stores and the controller, used by tests and by
-/// one-shot status reports.
+/// the bridge between `kube::runtime::reflector` stores and the controller, for tests.
+#[cfg(any(test, feature = "test-support"))]
 pub fn load_stores(
     controller: &mut Controller,
-    nodes: &Store<Node>,
-    pods: &Store<Pod>,
+    nodes: &kube::runtime::reflector::Store<Node>,
+    pods: &kube::runtime::reflector::Store<Pod>,
     now: Timestamp,
 ) {
     controller.on_node_event(watcher::Event::Init);

@@ -1,5 +1,6 @@
 //! Builders of pods and nodes for tests and benchmarks (`pod("ns", "name").on("n1").gpus(2)`).
-//! Not used by the controller itself.
+//! Not used by the controller itself: compiled for unit tests and with the `test-support`
+//! feature only.
 
 use std::collections::BTreeMap;
 

@@ -8,6 +8,7 @@
 //! - [`lease`]: leader election over a Lease, so that one replica writes.
 //! - [`run`]: the running controller: election, watches, patches, the `/status` route.
 //! - [`report`]: `nightshift status`, a one-shot report from the cluster or a running server.
+//! - `fixtures`: pod and node builders for tests and benchmarks (feature `test-support`).
 //!
 //! The names the pool reads (labels, the research PriorityClass, the GPU resource) come from
 //! [`crate::vocabulary`], shared with the webhook. This module owns the pool's options and its
@@ -15,6 +16,7 @@
 
 pub mod accounting;
 pub mod controller;
+#[cfg(any(test, feature = "test-support"))]
 pub mod fixtures;
 pub mod lease;
 pub mod marks;

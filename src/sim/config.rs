@@ -517,6 +517,10 @@ mod tests {
         assert!(s.validate().is_err());
         let mut s = Scenario::default();
         s.run.step_s = 0.0;
-        assert!(s.validate().unwrap_err().contains("run.step_s"));
+        assert!(
+            s.validate()
+                .expect_err("a zero step is refused")
+                .contains("run.step_s")
+        );
     }
 }

@@ -1,15 +1,18 @@
 //! The simulation loop: arrivals → fleet → metrics → policy → HPA → pods → GPU pool → research,
 //! once per control step, for one policy. Every policy sees the same arrivals, fleet model, pool
 //! and research backlog; only the replica decisions differ.
+//!
+//! [`run_policy`] drives a `PolicyRun`, the run's state, whose `step` calls the phases in that
+//! order, one method each.
 
-use std::collections::VecDeque;
+use std::{collections::VecDeque, iter::Peekable};
 
 use serde::Serialize;
 
 use super::{
     config::{MetricSource, Scenario},
     fleet::{self, Observer, Perf, Queued, Replica},
-    policy::{self, Hpa, PolicyKind},
+    policy::{self, Hpa, ScalingPolicy},
     pool::{Placement, Pool},
     trace::{Arrivals, Envelope, Trace},
 };
@@ -20,16 +23,16 @@ const HIST_SPAN_S: f64 = 600.0;
 
 /// A latency histogram with 1 ms resolution; exact zeros counted apart (most waits are zero).
 #[derive(Clone, Debug)]
-pub struct Histogram {
+pub struct LatencyHistogram {
     zero: u64,
     buckets: Vec<u64>,
     over: u64,
     count: u64,
 }
 
-impl Default for Histogram {
+impl Default for LatencyHistogram {
     fn default() -> Self {
-        Histogram {
+        LatencyHistogram {
             zero: 0,
             buckets: vec![0; (HIST_SPAN_S * 1000.0) as usize],
             over: 0,
@@ -38,7 +41,7 @@ impl Default for Histogram {
     }
 }
 
-impl Histogram {
+impl LatencyHistogram {
     pub fn record(&mut self, seconds: f64) {
         self.count += 1;
         if seconds <= 0.0 {
@@ -74,8 +77,8 @@ impl Histogram {
 
 /// Collects per-request figures and per-minute SLO compliance.
 struct Recorder {
-    waits: Histogram,
-    ttfts: Histogram,
+    waits: LatencyHistogram,
+    ttfts: LatencyHistogram,
     minute_waits: Vec<f32>,
     slo: f64,
     minutes: u64,
@@ -93,6 +96,18 @@ impl Observer for Recorder {
 }
 
 impl Recorder {
+    /// An empty recorder judging minutes against a p99 queue-wait target of `slo` seconds.
+    fn new(slo: f64) -> Recorder {
+        Recorder {
+            waits: LatencyHistogram::default(),
+            ttfts: LatencyHistogram::default(),
+            minute_waits: Vec::new(),
+            slo,
+            minutes: 0,
+            minutes_over: 0,
+        }
+    }
+
     /// Closes a minute: it misses the SLO when the p99 wait of the requests started in it is
     /// above the target, or when the oldest still-waiting request already waited longer.
     fn close_minute(&mut self, oldest_waiting: f64) -> bool {
@@ -124,17 +139,29 @@ struct Sample {
     generated_total: f64,
 }
 
+/// Where an inference pod is in its life.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Phase {
+enum PodPhase {
     Pending { nominated: Option<usize> },
     Starting { node: usize, ready_at: f64 },
     Ready { node: usize },
     Draining { node: usize },
 }
 
-struct Pod {
-    phase: Phase,
+/// An inference pod of the Deployment and the vLLM replica it runs.
+struct ReplicaPod {
+    phase: PodPhase,
     replica: Replica,
+}
+
+impl ReplicaPod {
+    /// Serving pods take part in the fleet and report metrics; draining ones still serve.
+    fn is_serving(&self) -> bool {
+        matches!(
+            self.phase,
+            PodPhase::Ready { .. } | PodPhase::Draining { .. }
+        )
+    }
 }
 
 /// One minute of the run, for the chart.
@@ -150,11 +177,11 @@ pub struct MinutePoint {
     pub slo_ok: bool,
 }
 
-/// Results of one policy.
+/// Summary figures of one policy's run.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PolicyResult {
-    pub policy: PolicyKind,
+pub struct RunSummary {
+    pub policy: ScalingPolicy,
     pub label: &'static str,
     pub lent_gpu_hours: f64,
     /// Lent minus lost: research work kept.
@@ -183,9 +210,39 @@ pub struct PolicyResult {
     pub demand_errors: u64,
 }
 
-/// A policy's run: results, timeline and (on request) the demand decisions it took.
-pub struct Outcome {
-    pub result: PolicyResult,
+impl RunSummary {
+    /// All counts at zero, before the first step.
+    fn new(policy: ScalingPolicy) -> RunSummary {
+        RunSummary {
+            policy,
+            label: policy.label(),
+            lent_gpu_hours: 0.0,
+            useful_gpu_hours: 0.0,
+            harvest_share: 0.0,
+            lost_gpu_hours: 0.0,
+            preemptions: 0,
+            completed_jobs: 0,
+            inference_gpu_hours: 0.0,
+            queue_wait_p50_s: 0.0,
+            queue_wait_p99_s: 0.0,
+            ttft_p50_s: 0.0,
+            ttft_p99_s: 0.0,
+            minutes: 0,
+            minutes_over_slo: 0,
+            minutes_within_slo_share: 0.0,
+            scale_events: 0,
+            requests: 0,
+            unserved: 0,
+            rejected: 0,
+            demand_calls: 0,
+            demand_errors: 0,
+        }
+    }
+}
+
+/// A policy's run: summary, timeline and (on request) the demand decisions it took.
+pub struct RunOutcome {
+    pub result: RunSummary,
     pub timeline: Vec<MinutePoint>,
     pub ideal_idle_gpu_hours: f64,
     pub pool_gpu_hours: f64,
@@ -195,351 +252,482 @@ pub struct Outcome {
 /// Runs one policy through the scenario. `record_decisions` keeps every (totals, decision)
 /// pair the nightshift policy computed, for verification.
 pub fn run_policy(
-    kind: PolicyKind,
+    policy: ScalingPolicy,
     sc: &Scenario,
     trace: &Trace,
     envelope: &Envelope,
     record_decisions: bool,
-) -> Outcome {
-    let perf = Perf::new(&sc.model);
-    let gpr = sc.model.gpus_per_replica;
-    let dt = sc.run.step_s;
-    let end = sc.run.days * 86_400.0;
-    let steps = (end / dt).ceil() as u64;
-    let steps_per_minute = (60.0 / dt).max(1.0);
-    let auto = &sc.autoscaling;
-    let ns = &sc.policies.nightshift;
-    let targets = ns.targets();
-    let headroom = if kind == PolicyKind::Nightshift {
-        ns.headroom_gpus
-    } else {
-        0
-    };
+) -> RunOutcome {
+    let mut run = PolicyRun::new(policy, sc, trace, envelope, record_decisions);
+    for k in 0..run.steps {
+        run.step(k);
+    }
+    run.finish()
+}
 
-    let mut arrivals = Arrivals::new(trace, envelope, sc.run.seed).peekable();
-    let mut queue: VecDeque<Queued> = VecDeque::new();
-    let mut pool = Pool::new(sc.pool.nodes, sc.pool.gpus_per_node, sc.research.clone());
-    let pool_gpus = pool.total_gpus();
-    let mut rec = Recorder {
-        waits: Histogram::default(),
-        ttfts: Histogram::default(),
-        minute_waits: Vec::new(),
-        slo: sc.slo.queue_wait_p99_s,
-        minutes: 0,
-        minutes_over: 0,
-    };
-    let mut hpa = Hpa::new(auto.clone());
+/// The minute being accumulated for the timeline.
+#[derive(Default)]
+struct OpenMinute {
+    point: MinutePoint,
+    /// Control steps added so far.
+    steps: f64,
+    /// Tokens (context and generated) of the requests that arrived in it.
+    tokens: f64,
+}
 
-    let policy_replicas = |t: f64| match kind {
-        PolicyKind::StaticPeak => Some(sc.policies.static_peak.replicas),
-        PolicyKind::NightWindow => {
-            Some(policy::night_window_replicas(&sc.policies.night_window, t))
+/// One policy's run in progress: the cluster, the autoscaler and the figures collected so far.
+/// [`PolicyRun::step`] advances it by one control step.
+struct PolicyRun<'a> {
+    policy: ScalingPolicy,
+    sc: &'a Scenario,
+    perf: Perf,
+    /// GPUs per inference replica.
+    gpr: u32,
+    /// Control step (s).
+    dt: f64,
+    end: f64,
+    steps: u64,
+    steps_per_minute: f64,
+    targets: demand::Targets,
+    /// GPUs kept free of research (nightshift only).
+    headroom: u32,
+    record_decisions: bool,
+
+    arrivals: Peekable<Arrivals<'a>>,
+    queue: VecDeque<Queued>,
+    pool: Pool,
+    pool_gpus: u32,
+    pods: Vec<ReplicaPod>,
+    rec: Recorder,
+
+    /// Samples kept for rate windows and scrape lags; at most `history_len`.
+    history: VecDeque<Sample>,
+    history_len: usize,
+    /// Tokens generated by pods that have left (their counters are gone, the sum is not).
+    retired_generated: f64,
+
+    hpa: Hpa,
+    desired: u32,
+    next_sync: f64,
+    next_poll: f64,
+    cached_value: Option<f64>,
+
+    result: RunSummary,
+    decisions: Vec<(Totals, Decision)>,
+    timeline: Vec<MinutePoint>,
+    minute: OpenMinute,
+    ideal_idle_gpu_hours: f64,
+    inference_gpu_s: f64,
+}
+
+impl<'a> PolicyRun<'a> {
+    fn new(
+        policy: ScalingPolicy,
+        sc: &'a Scenario,
+        trace: &'a Trace,
+        envelope: &'a Envelope,
+        record_decisions: bool,
+    ) -> PolicyRun<'a> {
+        let dt = sc.run.step_s;
+        let end = sc.run.days * 86_400.0;
+        let ns = &sc.policies.nightshift;
+        let mut pool = Pool::new(sc.pool.nodes, sc.pool.gpus_per_node, sc.research.clone());
+        let pool_gpus = pool.total_gpus();
+        let desired = fixed_replicas(policy, sc, 0.0).unwrap_or(sc.autoscaling.initial_replicas);
+        let pods = warm_start(&mut pool, desired, sc.model.gpus_per_replica);
+        let history_len = history_len(sc);
+        PolicyRun {
+            policy,
+            sc,
+            perf: Perf::new(&sc.model),
+            gpr: sc.model.gpus_per_replica,
+            dt,
+            end,
+            steps: (end / dt).ceil() as u64,
+            steps_per_minute: (60.0 / dt).max(1.0),
+            targets: ns.targets(),
+            headroom: if policy == ScalingPolicy::Nightshift {
+                ns.headroom_gpus
+            } else {
+                0
+            },
+            record_decisions,
+            arrivals: Arrivals::new(trace, envelope, sc.run.seed).peekable(),
+            queue: VecDeque::new(),
+            pool,
+            pool_gpus,
+            pods,
+            rec: Recorder::new(sc.slo.queue_wait_p99_s),
+            history: VecDeque::with_capacity(history_len + 1),
+            history_len,
+            retired_generated: 0.0,
+            hpa: Hpa::new(sc.autoscaling.clone()),
+            desired,
+            next_sync: sc.autoscaling.hpa_sync_s,
+            next_poll: 0.0,
+            cached_value: None,
+            result: RunSummary::new(policy),
+            decisions: Vec::new(),
+            timeline: Vec::with_capacity((end / 60.0).ceil() as usize),
+            minute: OpenMinute::default(),
+            ideal_idle_gpu_hours: 0.0,
+            inference_gpu_s: 0.0,
         }
-        PolicyKind::KedaPrometheus | PolicyKind::Nightshift => None,
-    };
-    let mut desired = policy_replicas(0.0).unwrap_or(auto.initial_replicas);
-    // Warm start: the initial replicas are serving at midnight of day 0.
-    let mut pods: Vec<Pod> = Vec::new();
-    for _ in 0..desired {
-        let phase = match pool.place_inference(gpr, None, 0.0) {
-            Placement::Bound(node) => Phase::Ready { node },
-            Placement::Nominated(n) => Phase::Pending { nominated: Some(n) },
-            Placement::Unschedulable => Phase::Pending { nominated: None },
-        };
-        pods.push(Pod {
-            phase,
-            replica: Replica::new(0.0),
-        });
     }
 
-    // Enough history for the longest rate window behind the latest scrape.
-    let history_len = ((ns.rate_window_s.max(sc.prometheus.rate_window_s)
-        + sc.prometheus.scrape_interval_s)
-        / dt)
-        .ceil() as usize
-        + 3;
-    let mut history: VecDeque<Sample> = VecDeque::with_capacity(history_len + 1);
-    let mut retired_generated = 0.0;
-    let mut next_sync = auto.hpa_sync_s;
-    let mut next_poll = 0.0;
-    let mut cached_value: Option<f64> = None;
+    /// Control step `k`, which ends at `(k + 1) × dt`.
+    fn step(&mut self, k: u64) {
+        let t1 = (k + 1) as f64 * self.dt;
+        self.admit_arrivals(t1);
+        self.serve(t1);
+        self.retire_and_start_pods(t1);
+        self.sample_metrics(t1);
+        let current = self.non_draining_pods();
+        self.decide_replicas(t1, current);
+        self.converge(t1, current);
+        self.schedule_pending(t1);
+        // Research takes what is left.
+        self.pool.tick_research(t1, self.dt, self.headroom);
+        self.account(t1, k + 1 == self.steps);
+    }
 
-    let mut result = PolicyResult {
-        policy: kind,
-        label: kind.label(),
-        lent_gpu_hours: 0.0,
-        useful_gpu_hours: 0.0,
-        harvest_share: 0.0,
-        lost_gpu_hours: 0.0,
-        preemptions: 0,
-        completed_jobs: 0,
-        inference_gpu_hours: 0.0,
-        queue_wait_p50_s: 0.0,
-        queue_wait_p99_s: 0.0,
-        ttft_p50_s: 0.0,
-        ttft_p99_s: 0.0,
-        minutes: 0,
-        minutes_over_slo: 0,
-        minutes_within_slo_share: 0.0,
-        scale_events: 0,
-        requests: 0,
-        unserved: 0,
-        rejected: 0,
-        demand_calls: 0,
-        demand_errors: 0,
-    };
-    let mut decisions = Vec::new();
-    let mut timeline = Vec::with_capacity((end / 60.0).ceil() as usize);
-    let mut minute = MinutePoint::default();
-    let mut minute_steps = 0.0;
-    let mut minute_tokens = 0.0;
-    let mut ideal_idle_gpu_hours = 0.0;
-    let mut inference_gpu_s = 0.0;
-
-    for k in 0..steps {
-        let t1 = (k + 1) as f64 * dt;
-
-        // Arrivals of this step join the router's queue.
-        while let Some(a) = arrivals.next_if(|a| a.at < t1) {
-            result.requests += 1;
-            minute_tokens += f64::from(a.context) + f64::from(a.generated);
+    /// Arrivals of this step join the router's queue.
+    fn admit_arrivals(&mut self, t1: f64) {
+        while let Some(a) = self.arrivals.next_if(|a| a.at < t1) {
+            self.result.requests += 1;
+            self.minute.tokens += f64::from(a.context) + f64::from(a.generated);
             let q = Queued {
                 arrival: a.at,
                 context: a.context,
                 generated: a.generated,
             };
-            if q.footprint() > perf.kv_capacity {
-                result.rejected += 1;
+            if q.footprint() > self.perf.kv_capacity {
+                self.result.rejected += 1;
                 continue;
             }
-            queue.push_back(q);
+            self.queue.push_back(q);
         }
+    }
 
-        // Serving replicas work through the step.
-        {
-            let mut serving: Vec<&mut Replica> = pods
-                .iter_mut()
-                .filter(|p| matches!(p.phase, Phase::Ready { .. } | Phase::Draining { .. }))
-                .map(|p| &mut p.replica)
-                .collect();
-            fleet::run_until(&mut serving, &mut queue, t1, &perf, &mut rec);
-        }
+    /// Serving replicas work through the step.
+    fn serve(&mut self, t1: f64) {
+        let mut serving: Vec<&mut Replica> = self
+            .pods
+            .iter_mut()
+            .filter(|p| p.is_serving())
+            .map(|p| &mut p.replica)
+            .collect();
+        fleet::run_until(&mut serving, &mut self.queue, t1, &self.perf, &mut self.rec);
+    }
 
-        // Pod lifecycle: drained pods leave, started pods begin serving.
+    /// Pod lifecycle: drained pods leave, started pods begin serving.
+    fn retire_and_start_pods(&mut self, t1: f64) {
         let mut i = 0;
-        while i < pods.len() {
-            match pods[i].phase {
-                Phase::Draining { node } if pods[i].replica.is_idle() => {
-                    pool.release_inference(node, gpr);
-                    retired_generated += pods[i].replica.generated_total;
-                    pods.remove(i);
+        while i < self.pods.len() {
+            match self.pods[i].phase {
+                PodPhase::Draining { node } if self.pods[i].replica.is_idle() => {
+                    self.pool.release_inference(node, self.gpr);
+                    self.retired_generated += self.pods[i].replica.generated_total;
+                    self.pods.remove(i);
                     continue;
                 }
-                Phase::Starting { node, ready_at } if ready_at <= t1 => {
-                    pods[i].phase = Phase::Ready { node };
-                    pods[i].replica = Replica::new(t1);
+                PodPhase::Starting { node, ready_at } if ready_at <= t1 => {
+                    self.pods[i].phase = PodPhase::Ready { node };
+                    self.pods[i].replica = Replica::new(t1);
                 }
                 _ => {}
             }
             i += 1;
         }
+    }
 
-        // What the pods' /metrics say now, summed over pods.
+    /// What the pods' /metrics say now, summed over pods, joins the history.
+    fn sample_metrics(&mut self, t1: f64) {
         let mut s = Sample {
             t: t1,
-            waiting: queue.len() as f64,
-            generated_total: retired_generated,
+            waiting: self.queue.len() as f64,
+            generated_total: self.retired_generated,
             ..Sample::default()
         };
-        for p in &pods {
+        for p in &self.pods {
             s.generated_total += p.replica.generated_total;
-            if matches!(p.phase, Phase::Ready { .. } | Phase::Draining { .. }) {
+            if p.is_serving() {
                 s.pods += 1;
                 s.running += p.replica.running() as f64;
-                s.kv_cache += p.replica.kv_usage(&perf);
+                s.kv_cache += p.replica.kv_usage(&self.perf);
             }
         }
-        history.push_back(s);
-        if history.len() > history_len {
-            history.pop_front();
+        self.history.push_back(s);
+        if self.history.len() > self.history_len {
+            self.history.pop_front();
         }
+    }
 
-        // Policy decision.
-        let current = pods
+    /// Pods the Deployment counts as its replicas.
+    fn non_draining_pods(&self) -> u32 {
+        self.pods
             .iter()
-            .filter(|p| !matches!(p.phase, Phase::Draining { .. }))
-            .count() as u32;
-        let before = desired;
-        if let Some(r) = policy_replicas(t1) {
-            desired = r;
-        } else {
-            let mut read = || match kind {
-                PolicyKind::KedaPrometheus => {
-                    // sum(vllm:num_requests_waiting) as of the latest scrape; an empty result is
-                    // 0 (KEDA's ignoreNullValues default).
-                    let at = scrape_time(t1, sc.prometheus.scrape_interval_s);
-                    Some(sample_at(&history, at).waiting)
-                }
-                _ => {
-                    let at = match ns.source {
-                        MetricSource::Scrape => t1,
-                        MetricSource::Prometheus => {
-                            scrape_time(t1, sc.prometheus.scrape_interval_s)
+            .filter(|p| !matches!(p.phase, PodPhase::Draining { .. }))
+            .count() as u32
+    }
+
+    /// Policy decision: a fixed schedule, or the HPA on the policy's metric.
+    fn decide_replicas(&mut self, t1: f64, current: u32) {
+        let before = self.desired;
+        match fixed_replicas(self.policy, self.sc, t1) {
+            Some(r) => self.desired = r,
+            None => self.autoscale(t1, current),
+        }
+        if self.desired != before {
+            self.result.scale_events += 1;
+        }
+    }
+
+    /// KEDA polls the metric (when its cache is on) and the HPA syncs, each on its own period.
+    fn autoscale(&mut self, t1: f64, current: u32) {
+        let sc = self.sc;
+        let auto = &sc.autoscaling;
+        if auto.use_cached_metrics && t1 >= self.next_poll {
+            self.next_poll += auto.keda_polling_s;
+            self.cached_value = self.read_metric(t1);
+        }
+        if t1 >= self.next_sync {
+            self.next_sync += auto.hpa_sync_s;
+            let value = if auto.use_cached_metrics {
+                self.cached_value
+            } else {
+                self.read_metric(t1)
+            };
+            let target = match self.policy {
+                ScalingPolicy::KedaPrometheus => sc.policies.keda_prometheus.threshold,
+                _ => demand::METRIC_TARGET,
+            };
+            self.desired = self.hpa.desired(t1, current, value, target);
+        }
+    }
+
+    /// The metric value KEDA hands the HPA at `t1` (`None`: it could not be read).
+    fn read_metric(&mut self, t1: f64) -> Option<f64> {
+        let prometheus = &self.sc.prometheus;
+        match self.policy {
+            ScalingPolicy::KedaPrometheus => {
+                // sum(vllm:num_requests_waiting) as of the latest scrape; an empty result is
+                // 0 (KEDA's ignoreNullValues default).
+                let at = scrape_time(t1, prometheus.scrape_interval_s);
+                Some(sample_at(&self.history, at).waiting)
+            }
+            _ => {
+                let ns = &self.sc.policies.nightshift;
+                let at = match ns.source {
+                    MetricSource::Scrape => t1,
+                    MetricSource::Prometheus => scrape_time(t1, prometheus.scrape_interval_s),
+                };
+                let totals = totals_at(&self.history, at, ns.rate_window_s);
+                self.result.demand_calls += 1;
+                match policy::nightshift_metric(&totals, &self.targets) {
+                    Ok((decision, value)) => {
+                        if self.record_decisions {
+                            self.decisions.push((totals, decision));
                         }
-                    };
-                    let totals = totals_at(&history, at, ns.rate_window_s);
-                    result.demand_calls += 1;
-                    match policy::nightshift_metric(&totals, &targets) {
-                        Ok((decision, value)) => {
-                            if record_decisions {
-                                decisions.push((totals, decision));
-                            }
-                            Some(value)
-                        }
-                        Err(_) => {
-                            result.demand_errors += 1;
-                            None
-                        }
+                        Some(value)
+                    }
+                    Err(_) => {
+                        self.result.demand_errors += 1;
+                        None
                     }
                 }
-            };
-            if auto.use_cached_metrics && t1 >= next_poll {
-                next_poll += auto.keda_polling_s;
-                cached_value = read();
-            }
-            if t1 >= next_sync {
-                next_sync += auto.hpa_sync_s;
-                let value = if auto.use_cached_metrics {
-                    cached_value
-                } else {
-                    read()
-                };
-                let target = match kind {
-                    PolicyKind::KedaPrometheus => sc.policies.keda_prometheus.threshold,
-                    _ => demand::METRIC_TARGET,
-                };
-                desired = hpa.desired(t1, current, value, target);
             }
         }
-        if desired != before {
-            result.scale_events += 1;
-        }
+    }
 
-        // The Deployment converges to the desired count.
-        if current < desired {
-            for _ in current..desired {
-                pods.push(Pod {
-                    phase: Phase::Pending { nominated: None },
+    /// The Deployment converges to the desired count.
+    fn converge(&mut self, t1: f64, current: u32) {
+        if current < self.desired {
+            for _ in current..self.desired {
+                self.pods.push(ReplicaPod {
+                    phase: PodPhase::Pending { nominated: None },
                     replica: Replica::new(t1),
                 });
             }
-        } else if current > desired {
-            let mut excess = current - desired;
-            // ReplicaSet order: unscheduled pods, then not-ready ones, then the newest.
-            for pass in 0..3 {
-                let mut i = pods.len();
-                while excess > 0 && i > 0 {
-                    i -= 1;
-                    let remove = match (pass, pods[i].phase) {
-                        (0, Phase::Pending { nominated }) => {
-                            if let Some(n) = nominated {
-                                pool.unclaim(n, gpr);
-                            }
-                            true
+        } else if current > self.desired {
+            self.scale_down(current - self.desired);
+        }
+    }
+
+    /// Removes `excess` pods in ReplicaSet order: unscheduled pods, then not-ready ones, then
+    /// the newest (which drain: they finish what they run, then leave).
+    fn scale_down(&mut self, mut excess: u32) {
+        for pass in 0..3 {
+            let mut i = self.pods.len();
+            while excess > 0 && i > 0 {
+                i -= 1;
+                let remove = match (pass, self.pods[i].phase) {
+                    (0, PodPhase::Pending { nominated }) => {
+                        if let Some(n) = nominated {
+                            self.pool.unclaim(n, self.gpr);
                         }
-                        (1, Phase::Starting { node, .. }) => {
-                            pool.release_inference(node, gpr);
-                            true
-                        }
-                        (2, Phase::Ready { node }) => {
-                            pods[i].phase = Phase::Draining { node };
-                            pods[i].replica.accepting = false;
-                            excess -= 1;
-                            false
-                        }
-                        _ => false,
-                    };
-                    if remove {
-                        pods.remove(i);
-                        excess -= 1;
+                        true
                     }
+                    (1, PodPhase::Starting { node, .. }) => {
+                        self.pool.release_inference(node, self.gpr);
+                        true
+                    }
+                    (2, PodPhase::Ready { node }) => {
+                        self.pods[i].phase = PodPhase::Draining { node };
+                        self.pods[i].replica.accepting = false;
+                        excess -= 1;
+                        false
+                    }
+                    _ => false,
+                };
+                if remove {
+                    self.pods.remove(i);
+                    excess -= 1;
                 }
             }
         }
+    }
 
-        // The scheduler binds pending pods, preempting research when it must.
-        for p in pods.iter_mut() {
-            if let Phase::Pending { nominated } = p.phase {
-                p.phase = match pool.place_inference(gpr, nominated, t1) {
-                    Placement::Bound(node) => Phase::Starting {
+    /// The scheduler binds pending pods, preempting research when it must.
+    fn schedule_pending(&mut self, t1: f64) {
+        let startup_s = self.sc.model.startup_s;
+        for p in self.pods.iter_mut() {
+            if let PodPhase::Pending { nominated } = p.phase {
+                p.phase = match self.pool.place_inference(self.gpr, nominated, t1) {
+                    Placement::Bound(node) => PodPhase::Starting {
                         node,
-                        ready_at: t1 + sc.model.startup_s,
+                        ready_at: t1 + startup_s,
                     },
-                    Placement::Nominated(n) => Phase::Pending { nominated: Some(n) },
-                    Placement::Unschedulable => Phase::Pending { nominated: None },
+                    Placement::Nominated(n) => PodPhase::Pending { nominated: Some(n) },
+                    Placement::Unschedulable => PodPhase::Pending { nominated: None },
                 };
             }
         }
+    }
 
-        // Research takes what is left.
-        pool.tick_research(t1, dt, headroom);
-
-        // Accounting.
-        let inference = f64::from(pool.inference_gpus());
-        inference_gpu_s += inference * dt;
-        minute.inference_gpus += inference as f32;
-        minute.research_gpus += pool.research_gpus() as f32;
-        minute_steps += 1.0;
-        if minute_steps >= steps_per_minute || k + 1 == steps {
-            let oldest = queue.front().map_or(0.0, |q| (t1 - q.arrival).max(0.0));
-            minute.slo_ok = rec.close_minute(oldest);
-            minute.inference_gpus /= minute_steps as f32;
-            minute.research_gpus /= minute_steps as f32;
-            let ideal_replicas = (minute_tokens * perf.compute_s_per_token / (minute_steps * dt))
-                .ceil()
-                .clamp(f64::from(auto.min_replicas), f64::from(auto.max_replicas));
-            let ideal_gpus = ideal_replicas * f64::from(gpr);
-            minute.ideal_inference_gpus = ideal_gpus as f32;
-            ideal_idle_gpu_hours +=
-                (f64::from(pool_gpus) - ideal_gpus).max(0.0) * minute_steps * dt / 3600.0;
-            timeline.push(minute);
-            minute = MinutePoint::default();
-            minute_steps = 0.0;
-            minute_tokens = 0.0;
+    /// Adds this step's GPU use to the totals and the open minute; closes the minute when it is
+    /// full or the run ends.
+    fn account(&mut self, t1: f64, last_step: bool) {
+        let inference = f64::from(self.pool.inference_gpus());
+        self.inference_gpu_s += inference * self.dt;
+        self.minute.point.inference_gpus += inference as f32;
+        self.minute.point.research_gpus += self.pool.research_gpus() as f32;
+        self.minute.steps += 1.0;
+        if self.minute.steps >= self.steps_per_minute || last_step {
+            self.close_minute(t1);
         }
     }
 
-    let stats = pool.stats;
-    result.lent_gpu_hours = stats.lent_gpu_s / 3600.0;
-    result.lost_gpu_hours = stats.lost_gpu_s / 3600.0;
-    result.useful_gpu_hours = result.lent_gpu_hours - result.lost_gpu_hours;
-    result.harvest_share = if ideal_idle_gpu_hours > 0.0 {
-        result.lent_gpu_hours / ideal_idle_gpu_hours
-    } else {
-        0.0
-    };
-    result.preemptions = stats.preemptions;
-    result.completed_jobs = stats.completed_jobs;
-    result.inference_gpu_hours = inference_gpu_s / 3600.0;
-    result.queue_wait_p50_s = rec.waits.quantile(0.5);
-    result.queue_wait_p99_s = rec.waits.quantile(0.99);
-    result.ttft_p50_s = rec.ttfts.quantile(0.5);
-    result.ttft_p99_s = rec.ttfts.quantile(0.99);
-    result.minutes = rec.minutes;
-    result.minutes_over_slo = rec.minutes_over;
-    result.minutes_within_slo_share = if rec.minutes > 0 {
-        1.0 - rec.minutes_over as f64 / rec.minutes as f64
-    } else {
-        1.0
-    };
-    result.unserved = queue.len() as u64;
-    Outcome {
-        result,
-        timeline,
-        ideal_idle_gpu_hours,
-        pool_gpu_hours: f64::from(pool_gpus) * end / 3600.0,
-        decisions,
+    /// Judges the minute against the SLO, compares it with an oracle's GPU use and adds it to
+    /// the timeline.
+    fn close_minute(&mut self, t1: f64) {
+        let auto = &self.sc.autoscaling;
+        let OpenMinute {
+            mut point,
+            steps,
+            tokens,
+        } = std::mem::take(&mut self.minute);
+        let oldest = self
+            .queue
+            .front()
+            .map_or(0.0, |q| (t1 - q.arrival).max(0.0));
+        point.slo_ok = self.rec.close_minute(oldest);
+        point.inference_gpus /= steps as f32;
+        point.research_gpus /= steps as f32;
+        let ideal_replicas = (tokens * self.perf.compute_s_per_token / (steps * self.dt))
+            .ceil()
+            .clamp(f64::from(auto.min_replicas), f64::from(auto.max_replicas));
+        let ideal_gpus = ideal_replicas * f64::from(self.gpr);
+        point.ideal_inference_gpus = ideal_gpus as f32;
+        self.ideal_idle_gpu_hours +=
+            (f64::from(self.pool_gpus) - ideal_gpus).max(0.0) * steps * self.dt / 3600.0;
+        self.timeline.push(point);
     }
+
+    /// The run's figures once every step is done.
+    fn finish(self) -> RunOutcome {
+        let PolicyRun {
+            mut result,
+            pool,
+            rec,
+            queue,
+            ideal_idle_gpu_hours,
+            inference_gpu_s,
+            pool_gpus,
+            end,
+            timeline,
+            decisions,
+            ..
+        } = self;
+        let stats = pool.stats;
+        result.lent_gpu_hours = stats.lent_gpu_s / 3600.0;
+        result.lost_gpu_hours = stats.lost_gpu_s / 3600.0;
+        result.useful_gpu_hours = result.lent_gpu_hours - result.lost_gpu_hours;
+        result.harvest_share = if ideal_idle_gpu_hours > 0.0 {
+            result.lent_gpu_hours / ideal_idle_gpu_hours
+        } else {
+            0.0
+        };
+        result.preemptions = stats.preemptions;
+        result.completed_jobs = stats.completed_jobs;
+        result.inference_gpu_hours = inference_gpu_s / 3600.0;
+        result.queue_wait_p50_s = rec.waits.quantile(0.5);
+        result.queue_wait_p99_s = rec.waits.quantile(0.99);
+        result.ttft_p50_s = rec.ttfts.quantile(0.5);
+        result.ttft_p99_s = rec.ttfts.quantile(0.99);
+        result.minutes = rec.minutes;
+        result.minutes_over_slo = rec.minutes_over;
+        result.minutes_within_slo_share = if rec.minutes > 0 {
+            1.0 - rec.minutes_over as f64 / rec.minutes as f64
+        } else {
+            1.0
+        };
+        result.unserved = queue.len() as u64;
+        RunOutcome {
+            result,
+            timeline,
+            ideal_idle_gpu_hours,
+            pool_gpu_hours: f64::from(pool_gpus) * end / 3600.0,
+            decisions,
+        }
+    }
+}
+
+/// Replicas a fixed-schedule policy runs at `t` (`None`: the policy autoscales).
+fn fixed_replicas(policy: ScalingPolicy, sc: &Scenario, t: f64) -> Option<u32> {
+    match policy {
+        ScalingPolicy::StaticPeak => Some(sc.policies.static_peak.replicas),
+        ScalingPolicy::NightWindow => {
+            Some(policy::night_window_replicas(&sc.policies.night_window, t))
+        }
+        ScalingPolicy::KedaPrometheus | ScalingPolicy::Nightshift => None,
+    }
+}
+
+/// Warm start: the initial replicas are serving at midnight of day 0.
+fn warm_start(pool: &mut Pool, replicas: u32, gpr: u32) -> Vec<ReplicaPod> {
+    (0..replicas)
+        .map(|_| ReplicaPod {
+            phase: match pool.place_inference(gpr, None, 0.0) {
+                Placement::Bound(node) => PodPhase::Ready { node },
+                Placement::Nominated(n) => PodPhase::Pending { nominated: Some(n) },
+                Placement::Unschedulable => PodPhase::Pending { nominated: None },
+            },
+            replica: Replica::new(0.0),
+        })
+        .collect()
+}
+
+/// Samples to keep: enough for the longest rate window behind the latest scrape.
+fn history_len(sc: &Scenario) -> usize {
+    let dt = sc.run.step_s;
+    let window = sc
+        .policies
+        .nightshift
+        .rate_window_s
+        .max(sc.prometheus.rate_window_s);
+    // + 3: the sample at the window's start, and a margin for rounding the span to steps.
+    ((window + sc.prometheus.scrape_interval_s) / dt).ceil() as usize + 3
 }
 
 /// The time of the latest Prometheus scrape at or before `t`.
@@ -586,7 +774,7 @@ mod tests {
     use super::*;
 
     /// A short scenario over a small synthetic trace (steady 4 req/s of 1000 + 100 tokens).
-    fn small_run(kind: PolicyKind, record: bool) -> Outcome {
+    fn small_run(kind: ScalingPolicy, record: bool) -> RunOutcome {
         let mut body = String::from("TIMESTAMP,ContextTokens,GeneratedTokens\n");
         for i in 0..240 {
             body.push_str(&format!(
@@ -605,7 +793,7 @@ mod tests {
 
     #[test]
     fn nightshift_policy_decides_with_the_live_demand_code() {
-        let out = small_run(PolicyKind::Nightshift, true);
+        let out = small_run(ScalingPolicy::Nightshift, true);
         assert!(out.decisions.len() > 100, "{}", out.decisions.len());
         assert_eq!(out.result.demand_calls as usize, out.decisions.len());
         let targets = Scenario::default().policies.nightshift.targets();
@@ -619,8 +807,8 @@ mod tests {
 
     #[test]
     fn runs_are_deterministic() {
-        let a = small_run(PolicyKind::Nightshift, false);
-        let b = small_run(PolicyKind::Nightshift, false);
+        let a = small_run(ScalingPolicy::Nightshift, false);
+        let b = small_run(ScalingPolicy::Nightshift, false);
         assert_eq!(
             serde_json::to_string(&a.result).expect("json"),
             serde_json::to_string(&b.result).expect("json")
@@ -629,7 +817,7 @@ mod tests {
 
     #[test]
     fn static_peak_lends_nothing_and_serves_everything() {
-        let out = small_run(PolicyKind::StaticPeak, false);
+        let out = small_run(ScalingPolicy::StaticPeak, false);
         assert_eq!(out.result.lent_gpu_hours, 0.0);
         assert_eq!(out.result.minutes_over_slo, 0);
         assert_eq!(out.result.unserved, 0);
@@ -638,7 +826,7 @@ mod tests {
 
     #[test]
     fn histogram_quantiles_have_millisecond_resolution() {
-        let mut h = Histogram::default();
+        let mut h = LatencyHistogram::default();
         for _ in 0..90 {
             h.record(0.0);
         }
@@ -660,14 +848,7 @@ mod tests {
 
     #[test]
     fn a_minute_misses_the_slo_on_its_p99_or_on_a_stuck_queue() {
-        let mut r = Recorder {
-            waits: Histogram::default(),
-            ttfts: Histogram::default(),
-            minute_waits: Vec::new(),
-            slo: 1.0,
-            minutes: 0,
-            minutes_over: 0,
-        };
+        let mut r = Recorder::new(1.0);
         for _ in 0..99 {
             r.started(0.0, 0.0);
         }

@@ -25,7 +25,7 @@ use clap::Args;
 use self::{
     config::Scenario,
     engine::run_policy,
-    policy::PolicyKind,
+    policy::ScalingPolicy,
     report::Report,
     trace::{Envelope, Trace, TraceError},
 };
@@ -171,7 +171,7 @@ pub fn simulate(scenario: &Scenario, trace: &Trace) -> Result<Report, SimError> 
     demand::compute(&probe, &scenario.policies.nightshift.targets()).map_err(SimError::Targets)?;
 
     let outcomes = std::thread::scope(|scope| {
-        let handles: Vec<_> = PolicyKind::ALL
+        let handles: Vec<_> = ScalingPolicy::ALL
             .iter()
             .map(|kind| {
                 let envelope = &envelope;

@@ -12,30 +12,30 @@ use serde::Serialize;
 use super::config::{AutoscalingConfig, NightWindowConfig};
 use crate::scaler::demand::{self, Decision, DemandError, Targets, Totals};
 
-/// Which policy a run uses.
+/// Which scaling policy a run uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub enum PolicyKind {
+pub enum ScalingPolicy {
     StaticPeak,
     NightWindow,
     KedaPrometheus,
     Nightshift,
 }
 
-impl PolicyKind {
-    pub const ALL: [PolicyKind; 4] = [
-        PolicyKind::StaticPeak,
-        PolicyKind::NightWindow,
-        PolicyKind::KedaPrometheus,
-        PolicyKind::Nightshift,
+impl ScalingPolicy {
+    pub const ALL: [ScalingPolicy; 4] = [
+        ScalingPolicy::StaticPeak,
+        ScalingPolicy::NightWindow,
+        ScalingPolicy::KedaPrometheus,
+        ScalingPolicy::Nightshift,
     ];
 
     pub fn label(self) -> &'static str {
         match self {
-            PolicyKind::StaticPeak => "static peak",
-            PolicyKind::NightWindow => "night window",
-            PolicyKind::KedaPrometheus => "KEDA prometheus waiting",
-            PolicyKind::Nightshift => "nightshift",
+            ScalingPolicy::StaticPeak => "static peak",
+            ScalingPolicy::NightWindow => "night window",
+            ScalingPolicy::KedaPrometheus => "KEDA prometheus waiting",
+            ScalingPolicy::Nightshift => "nightshift",
         }
     }
 }

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::engine::{MinutePoint, PolicyResult};
+use super::engine::{MinutePoint, RunSummary};
 
 /// The whole comparison.
 #[derive(Clone, Debug, Serialize)]
@@ -21,7 +21,7 @@ pub struct Report {
     pub ideal_idle_gpu_hours: f64,
     pub slo_queue_wait_p99_s: f64,
     pub trace_requests: usize,
-    pub policies: Vec<PolicyResult>,
+    pub policies: Vec<RunSummary>,
     #[serde(skip)]
     pub timelines: Vec<Vec<MinutePoint>>,
 }

@@ -1,6 +1,6 @@
 //! What the webhook needs to know about the cluster: the labels of a pod's namespace and the
 //! PriorityClasses. Behind the small [`ClusterView`] trait so that tests feed a
-//! [`FixedCluster`]; [`KubeCluster`] answers from kube-runtime reflectors (watched caches).
+//! `FixedCluster` (feature `test-support`); [`KubeCluster`] answers from kube-runtime reflectors (watched caches).
 //!
 //! Owns the watches, the "caches synced" readiness condition and the lookup error
 //! ([`ClusterError`]); decides nothing.
@@ -44,13 +44,15 @@ pub trait ClusterView: PriorityClasses + Send + Sync + 'static {
     ) -> Result<Option<BTreeMap<String, String>>, ClusterError>;
 }
 
-/// A fixed cluster for tests, benchmarks and examples.
+/// A fixed cluster for tests, benchmarks and examples (feature `test-support`).
+#[cfg(any(test, feature = "test-support"))]
 #[derive(Clone, Debug, Default)]
 pub struct FixedCluster {
     pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
     pub classes: BTreeMap<String, PriorityClassInfo>,
 }
 
+#[cfg(any(test, feature = "test-support"))]
 impl FixedCluster {
     /// Adds a namespace with labels.
     pub fn with_namespace(mut self, name: &str, labels: &[(&str, &str)]) -> Self {
@@ -77,12 +79,14 @@ impl FixedCluster {
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
 impl PriorityClasses for FixedCluster {
     fn priority_class(&self, name: &str) -> Option<PriorityClassInfo> {
         self.classes.priority_class(name)
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
 #[async_trait::async_trait]
 impl ClusterView for FixedCluster {
     async fn namespace_labels(

@@ -174,7 +174,7 @@ pub async fn start(args: WebhookArgs, names: &Vocabulary, ctx: &mut Context) -> 
 }
 
 /// Starts the HTTPS server and the certificate watcher with a given cluster view (tests use a
-/// [`cluster::FixedCluster`]).
+/// `cluster::FixedCluster`).
 pub async fn start_with(
     args: WebhookArgs,
     policy: Policy,

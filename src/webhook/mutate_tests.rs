@@ -147,7 +147,7 @@ fn gpu_pod_in_research_namespace_gets_the_full_mark() {
 #[test]
 fn pods_that_are_not_selected_are_never_touched() {
     type Case<'a> = (&'a str, Pod, BTreeMap<String, String>, &'a str, SkipReason);
-    let cases: Vec<Case> = vec![
+    let cases: Vec<Case<'_>> = vec![
         (
             "plain pod, plain namespace",
             pod(json!({})),

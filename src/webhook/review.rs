@@ -141,7 +141,8 @@ impl Metrics {
             .inc();
     }
 
-    /// How many reviews ended with `outcome` (for tests and status).
+    /// How many reviews ended with `outcome` (for tests).
+    #[cfg(any(test, feature = "test-support"))]
     pub fn admissions(&self, outcome: Outcome) -> u64 {
         self.admissions
             .get_or_create(&OutcomeLabels { outcome })
