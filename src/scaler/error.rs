@@ -3,8 +3,8 @@
 
 use tonic::{Code, Status};
 
-use super::{demand::DemandError, metadata::MetadataError};
-use crate::sources::SourceError;
+use super::metadata::MetadataError;
+use crate::{demand::DemandError, sources::SourceError};
 
 /// Everything that can go wrong answering KEDA.
 #[derive(Debug, thiserror::Error)]

@@ -7,7 +7,7 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use super::demand::Targets;
+use crate::demand::Targets;
 use crate::sources::{
     Selection,
     prometheus::{Auth, Labels, Server},

@@ -12,7 +12,8 @@ use tonic::{
     transport::{Server, server::TcpIncoming},
 };
 
-use super::{Error, Evaluation, METRIC_NAME, Scaler, demand::METRIC_TARGET, tls::ScalerTls};
+use super::{Error, Evaluation, METRIC_NAME, Scaler, tls::ScalerTls};
+use crate::demand::METRIC_TARGET;
 
 /// Code generated from `proto/externalscaler.proto`.
 pub mod proto {

@@ -13,7 +13,7 @@ use super::{
     pool::{Placement, Pool},
     trace::{Arrivals, Envelope, Trace},
 };
-use crate::scaler::demand::{self, Decision, Totals};
+use crate::demand::{self, Decision, Totals};
 
 /// Queue waits and TTFTs are kept in 1 ms buckets up to this many seconds (beyond: one bucket).
 const HIST_SPAN_S: f64 = 600.0;

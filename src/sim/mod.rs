@@ -4,7 +4,7 @@
 //! A request trace is replayed, its rate shaped by a 24-hour envelope, against a model of vLLM
 //! replicas ([`fleet`]), KEDA and the HPA ([`policy`]), and a GPU pool shared with a research
 //! backlog ([`pool`]). Each policy runs through the same cluster ([`engine`]); the nightshift
-//! policy calls the live scaler's [`crate::scaler::demand::compute`]. Runs are deterministic: the
+//! policy calls the live scaler's [`crate::demand::compute`]. Runs are deterministic: the
 //! same trace, scenario and seed give the same numbers.
 //!
 //! This module owns its options and errors; it does no I/O beyond reading the trace and the
@@ -29,7 +29,7 @@ use self::{
     report::Report,
     trace::{Envelope, Trace, TraceError},
 };
-use crate::scaler::demand::{self, DemandError, Totals};
+use crate::demand::{self, DemandError, Totals};
 
 /// Why a simulation could not run.
 #[derive(Debug, thiserror::Error)]

@@ -1,6 +1,6 @@
 //! The policies compared and the HorizontalPodAutoscaler that turns a metric into replicas.
 //!
-//! The nightshift policy calls [`crate::scaler::demand::compute`] — the function the live scaler
+//! The nightshift policy calls [`crate::demand::compute`] — the function the live scaler
 //! answers KEDA with — on signal totals built the way its sources report them. The other
 //! policies are what users run instead: a static fleet, a fixed night window, and KEDA's
 //! Prometheus scaler on the waiting-queue length.
@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use serde::Serialize;
 
 use super::config::{AutoscalingConfig, NightWindowConfig};
-use crate::scaler::demand::{self, Decision, DemandError, Targets, Totals};
+use crate::demand::{self, Decision, DemandError, Targets, Totals};
 
 /// Which policy a run uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

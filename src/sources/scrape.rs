@@ -13,13 +13,14 @@ use std::{
 };
 
 use super::{
-    Family, FamilyIndex, ModelKey, SourceError,
+    FamilyIndex, ModelKey, SourceError,
     cache::Coalescer,
     discovery::{Discovery, Endpoint},
     exposition::{self, PodReadings},
     metrics::SourceMetrics,
     rates::CounterRates,
 };
+use crate::demand::Signal;
 
 /// Where the pods are.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -73,8 +74,8 @@ impl Target {
 /// The outcome of one scrape pass over a target's pods.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
-    /// Per family, per-model totals over the pods.
-    pub families: HashMap<Family, FamilyIndex>,
+    /// Per signal, per-model totals over the pods.
+    pub families: HashMap<Signal, FamilyIndex>,
     /// Pods scraped.
     pub pods: usize,
     /// Token counters were found but no pod has two samples yet, so no rate is known.
@@ -234,11 +235,11 @@ fn summarise(
         .collect();
     let rates_warming_up = !counters.is_empty() && token_rates.is_empty();
     let mut families = HashMap::new();
-    families.insert(Family::Waiting, FamilyIndex::from_pod_values(waiting));
-    families.insert(Family::Running, FamilyIndex::from_pod_values(running));
-    families.insert(Family::KvCache, FamilyIndex::from_pod_values(kv));
+    families.insert(Signal::Waiting, FamilyIndex::from_pod_values(waiting));
+    families.insert(Signal::Running, FamilyIndex::from_pod_values(running));
+    families.insert(Signal::KvCache, FamilyIndex::from_pod_values(kv));
     families.insert(
-        Family::GenerationTokens,
+        Signal::GenerationTokens,
         FamilyIndex::from_pod_values(token_rates),
     );
     Snapshot {
@@ -381,18 +382,18 @@ mod tests {
             0.0,
         );
         assert!(first.rates_warming_up);
-        let w = first.families[&Family::Waiting]
+        let w = first.families[&Signal::Waiting]
             .select(&all())
             .expect("some");
         assert_eq!((w.total, w.pods), (5.0, 2));
         assert_eq!(
-            first.families[&Family::KvCache]
+            first.families[&Signal::KvCache]
                 .select(&all())
                 .map(|a| a.total),
             Some(0.75)
         );
         assert_eq!(
-            first.families[&Family::GenerationTokens].select(&all()),
+            first.families[&Signal::GenerationTokens].select(&all()),
             None
         );
 
@@ -408,7 +409,7 @@ mod tests {
             10.0,
         );
         assert!(!second.rates_warming_up);
-        let g = second.families[&Family::GenerationTokens]
+        let g = second.families[&Signal::GenerationTokens]
             .select(&all())
             .expect("rates");
         assert_eq!(g.total, 4.0 + 20.0);

@@ -1,8 +1,9 @@
 //! Composite inference demand: vLLM's own signals, each normalised by its per-replica target,
 //! combined so that the most saturated signal drives scaling.
 //!
-//! Pure: no I/O, no clocks. The live scaler and the simulator both call [`compute`], so what the
-//! simulator measures is what production decides.
+//! Pure: no I/O, no clocks, and nothing of the crate above it. The live scaler and the simulator
+//! both call [`compute`], so what the simulator measures is what production decides; the sources
+//! read metrics per [`Signal`], the one name of each signal across the crate.
 //!
 //! # Formula
 //!
@@ -25,7 +26,7 @@ use serde::Serialize;
 /// float field) while `ceil(value / target)` stays exactly `ceil(replicas)`.
 pub const METRIC_TARGET: f64 = 100.0;
 
-/// A vLLM signal nightshift can scale on.
+/// A vLLM signal nightshift can scale on; one metric family the sources read for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Signal {
@@ -49,13 +50,34 @@ impl Signal {
         Signal::GenerationTokens,
     ];
 
-    /// The name used in ScaledObject metadata and explanations.
+    /// The name used in explanations and JSON (`kvCache`).
     pub fn name(self) -> &'static str {
         match self {
             Signal::Waiting => "waiting",
             Signal::Running => "running",
             Signal::KvCache => "kvCache",
             Signal::GenerationTokens => "generationTokens",
+        }
+    }
+
+    /// The ScaledObject metadata key holding this signal's per-replica target (`kvCacheTarget`).
+    pub fn target_key(self) -> &'static str {
+        match self {
+            Signal::Waiting => "waitingTarget",
+            Signal::Running => "runningTarget",
+            Signal::KvCache => "kvCacheTarget",
+            Signal::GenerationTokens => "generationTokensTarget",
+        }
+    }
+
+    /// The name of the signal's metric family in source metrics' labels and in empty-result
+    /// errors (`kv_cache`).
+    pub fn family(self) -> &'static str {
+        match self {
+            Signal::Waiting => "waiting",
+            Signal::Running => "running",
+            Signal::KvCache => "kv_cache",
+            Signal::GenerationTokens => "generation_tokens",
         }
     }
 }
