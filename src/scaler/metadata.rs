@@ -272,15 +272,6 @@ fn is_endpoint(s: &str) -> bool {
     }
 }
 
-/// Formats a duration as PromQL (`90s`, `1500ms`).
-pub fn promql_duration(d: Duration) -> String {
-    if d.subsec_millis() == 0 {
-        format!("{}s", d.as_secs())
-    } else {
-        format!("{}ms", d.as_millis())
-    }
-}
-
 /// Parses the metadata of a trigger of the ScaledObject in `scaled_object_namespace`.
 pub fn parse(
     raw: &HashMap<String, String>,
@@ -798,11 +789,5 @@ mod tests {
             e.contains("waitingTarget") && e.contains("timeout") && e.contains("foo"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn promql_durations() {
-        assert_eq!(promql_duration(Duration::from_secs(60)), "60s");
-        assert_eq!(promql_duration(Duration::from_millis(1500)), "1500ms");
     }
 }

@@ -276,16 +276,12 @@ impl Scaler {
     ) -> Result<Vec<(Signal, Option<crate::sources::Aggregate>)>, Error> {
         match &config.source {
             Source::Prometheus { server, labels } => {
-                let window = metadata::promql_duration(config.rate_window);
-                let fetches = wanted.iter().map(|&signal| {
-                    let window = window.clone();
-                    async move {
-                        let index = self
-                            .prometheus
-                            .family(server, labels, signal, &window)
-                            .await?;
-                        Ok::<_, Error>((signal, index.select(&config.selection)))
-                    }
+                let fetches = wanted.iter().map(|&signal| async move {
+                    let index = self
+                        .prometheus
+                        .family(server, labels, signal, config.rate_window)
+                        .await?;
+                    Ok::<_, Error>((signal, index.select(&config.selection)))
                 });
                 futures::future::try_join_all(fetches).await
             }

@@ -99,6 +99,15 @@ pub fn family_query(signal: Signal, labels: &Labels, rate_window: &str) -> Strin
     }
 }
 
+/// Formats a duration as PromQL (`90s`, `1500ms`).
+fn promql_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
 /// Prometheus servers in use, their HTTP clients and the shared query cache.
 pub struct PrometheusSource {
     clients: Mutex<HashMap<Server, Client>>,
@@ -129,15 +138,15 @@ impl PrometheusSource {
     }
 
     /// One signal's family readings from `server`, shared with every concurrent and recent
-    /// caller.
+    /// caller. Token rates are taken over `rate_window`.
     pub async fn family(
         &self,
         server: &Server,
         labels: &Labels,
         signal: Signal,
-        rate_window: &str,
+        rate_window: Duration,
     ) -> Result<Arc<FamilyIndex>, SourceError> {
-        let query = family_query(signal, labels, rate_window);
+        let query = family_query(signal, labels, &promql_duration(rate_window));
         let key = (server.clone(), query);
         let client = self.client(server)?;
         let metrics = self.metrics.clone();
@@ -398,6 +407,12 @@ mod tests {
             family_query(Signal::GenerationTokens, &l, "2m"),
             r#"sum by (namespace, model_name, pod) (rate(vllm:generation_tokens_total{job="vllm \"x\""}[2m]))"#
         );
+    }
+
+    #[test]
+    fn promql_durations() {
+        assert_eq!(promql_duration(Duration::from_secs(60)), "60s");
+        assert_eq!(promql_duration(Duration::from_millis(1500)), "1500ms");
     }
 
     #[test]
