@@ -88,27 +88,42 @@ impl std::fmt::Display for Signal {
     }
 }
 
-/// Per-replica targets: the load one replica should carry. `None` = signal not used.
+/// One value per signal: targets, totals, and the sources' readings.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Targets {
-    pub waiting: Option<f64>,
-    pub running: Option<f64>,
-    pub kv_cache: Option<f64>,
-    pub generation_tokens: Option<f64>,
+pub struct PerSignal<T> {
+    pub waiting: T,
+    pub running: T,
+    pub kv_cache: T,
+    pub generation_tokens: T,
 }
 
-impl Targets {
-    /// The target of one signal.
-    pub fn get(&self, signal: Signal) -> Option<f64> {
+impl<T> PerSignal<T> {
+    /// The value of one signal.
+    pub fn get(&self, signal: Signal) -> &T {
         match signal {
-            Signal::Waiting => self.waiting,
-            Signal::Running => self.running,
-            Signal::KvCache => self.kv_cache,
-            Signal::GenerationTokens => self.generation_tokens,
+            Signal::Waiting => &self.waiting,
+            Signal::Running => &self.running,
+            Signal::KvCache => &self.kv_cache,
+            Signal::GenerationTokens => &self.generation_tokens,
         }
     }
 
+    /// The value of one signal, to change it.
+    pub fn get_mut(&mut self, signal: Signal) -> &mut T {
+        match signal {
+            Signal::Waiting => &mut self.waiting,
+            Signal::Running => &mut self.running,
+            Signal::KvCache => &mut self.kv_cache,
+            Signal::GenerationTokens => &mut self.generation_tokens,
+        }
+    }
+}
+
+/// Per-replica targets: the load one replica should carry. `None` = signal not used.
+pub type Targets = PerSignal<Option<f64>>;
+
+impl Targets {
     /// The signals that have a target.
     pub fn configured(&self) -> impl Iterator<Item = Signal> + '_ {
         Signal::ALL.into_iter().filter(|s| self.get(*s).is_some())
@@ -125,33 +140,9 @@ impl Targets {
 pub struct Totals {
     /// Pods that reported.
     pub pods: usize,
-    pub waiting: Option<f64>,
-    pub running: Option<f64>,
-    pub kv_cache: Option<f64>,
-    pub generation_tokens: Option<f64>,
-}
-
-impl Totals {
-    /// The total of one signal, if it was read.
-    pub fn get(&self, signal: Signal) -> Option<f64> {
-        match signal {
-            Signal::Waiting => self.waiting,
-            Signal::Running => self.running,
-            Signal::KvCache => self.kv_cache,
-            Signal::GenerationTokens => self.generation_tokens,
-        }
-    }
-
-    /// Sets the total of one signal.
-    pub fn set(&mut self, signal: Signal, value: Option<f64>) {
-        let slot = match signal {
-            Signal::Waiting => &mut self.waiting,
-            Signal::Running => &mut self.running,
-            Signal::KvCache => &mut self.kv_cache,
-            Signal::GenerationTokens => &mut self.generation_tokens,
-        };
-        *slot = value;
-    }
+    /// Each signal's total, if it was read.
+    #[serde(flatten)]
+    pub signals: PerSignal<Option<f64>>,
 }
 
 /// One signal's share of a decision.
@@ -234,6 +225,7 @@ pub fn compute(totals: &Totals, targets: &Targets) -> Result<Decision, DemandErr
             return Err(DemandError::BadTarget { signal, target });
         }
         let total = totals
+            .signals
             .get(signal)
             .ok_or(DemandError::MissingSignal { signal })?;
         if !(total.is_finite() && total >= 0.0) {
@@ -283,10 +275,7 @@ mod tests {
     fn totals(w: Option<f64>, r: Option<f64>, kv: Option<f64>, tok: Option<f64>) -> Totals {
         Totals {
             pods: 2,
-            waiting: w,
-            running: r,
-            kv_cache: kv,
-            generation_tokens: tok,
+            signals: targets(w, r, kv, tok),
         }
     }
 

@@ -244,7 +244,7 @@ impl Scaler {
                     });
                 }
             };
-            totals.set(signal, Some(value));
+            *totals.signals.get_mut(signal) = Some(value);
         }
         explanation.pods = Some(totals.pods);
         let decision = demand::compute(&totals, &config.targets)?;
@@ -294,10 +294,7 @@ impl Scaler {
                             source_name: source_name.to_string(),
                         });
                     }
-                    let agg = snapshot
-                        .families
-                        .get(&signal)
-                        .and_then(|i| i.select(&config.selection));
+                    let agg = snapshot.families.get(signal).select(&config.selection);
                     out.push((signal, agg));
                 }
                 Ok(out)

@@ -29,7 +29,7 @@ use self::{
     report::Report,
     trace::{Envelope, Trace, TraceError},
 };
-use crate::demand::{self, DemandError, Totals};
+use crate::demand::{self, DemandError, PerSignal, Totals};
 
 /// Why a simulation could not run.
 #[derive(Debug, thiserror::Error)]
@@ -163,10 +163,12 @@ pub fn simulate(scenario: &Scenario, trace: &Trace) -> Result<Report, SimError> 
     // The live code validates the targets: a configuration it would refuse is refused here.
     let probe = Totals {
         pods: 1,
-        waiting: Some(0.0),
-        running: Some(0.0),
-        kv_cache: Some(0.0),
-        generation_tokens: Some(0.0),
+        signals: PerSignal {
+            waiting: Some(0.0),
+            running: Some(0.0),
+            kv_cache: Some(0.0),
+            generation_tokens: Some(0.0),
+        },
     };
     demand::compute(&probe, &scenario.policies.nightshift.targets()).map_err(SimError::Targets)?;
 

@@ -143,6 +143,7 @@ impl Hpa {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::demand::PerSignal;
 
     fn hpa() -> Hpa {
         Hpa::new(AutoscalingConfig::default())
@@ -211,10 +212,12 @@ mod tests {
         };
         let totals = Totals {
             pods: 3,
-            waiting: Some(7.0),
-            running: Some(120.0),
-            kv_cache: Some(1.2),
-            generation_tokens: Some(1500.0),
+            signals: PerSignal {
+                waiting: Some(7.0),
+                running: Some(120.0),
+                kv_cache: Some(1.2),
+                generation_tokens: Some(1500.0),
+            },
         };
         let (decision, value) = nightshift_metric(&totals, &targets).expect("valid");
         let live = demand::compute(&totals, &targets).expect("valid");
