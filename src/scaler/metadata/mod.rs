@@ -99,7 +99,14 @@ pub fn parse(
         r.check_placement(kind);
         match kind {
             SourceKind::Prometheus => prometheus(&mut r, &common),
-            SourceKind::Service | SourceKind::Endpoints => scrape(&mut r, kind, &common),
+            SourceKind::Service => {
+                let pods = service_pods(&mut r, &common.namespace);
+                scrape(&mut r, pods, &common)
+            }
+            SourceKind::Endpoints => {
+                let pods = endpoint_pods(&mut r);
+                scrape(&mut r, pods, &common)
+            }
         }
     });
     let demand = demand(&mut r);
@@ -248,12 +255,8 @@ fn prometheus_auth(r: &mut Reader) -> Auth {
     }
 }
 
-/// A direct scrape of the pods of a `service` or of a static `endpoints` list.
-fn scrape(r: &mut Reader, kind: SourceKind, common: &Common) -> Source {
-    let pods = match kind {
-        SourceKind::Service => service_pods(r, &common.namespace),
-        SourceKind::Prometheus | SourceKind::Endpoints => endpoint_pods(r),
-    };
+/// A direct scrape of `pods` (those of a `service` or a static `endpoints` list).
+fn scrape(r: &mut Reader, pods: Pods, common: &Common) -> Source {
     let scheme = r.text("scheme").unwrap_or("http").to_string();
     if scheme != "http" && scheme != "https" {
         r.bad("scheme", format!("{scheme:?} must be http or https"));
