@@ -4,6 +4,8 @@
 //!
 //! The crate is laid out along the architecture:
 //!
+//! - [`demand`]: the pure composite-demand math and the vLLM [`demand::Signal`]s, at the bottom:
+//!   it imports nothing of the crate; the scaler, the sources and the simulator build on it.
 //! - [`scaler`]: the KEDA external scaler (gRPC) that turns vLLM metrics into demand.
 //! - [`sources`]: where vLLM metrics come from (Prometheus, direct scrape of vLLM pods).
 //! - [`webhook`]: the mutating admission webhook that marks research pods.
@@ -20,6 +22,7 @@
 pub mod admin;
 pub mod cli;
 pub mod cluster;
+pub mod demand;
 pub mod duration;
 pub mod pool;
 pub mod runtime;

@@ -10,8 +10,8 @@ use std::net::SocketAddr;
 
 use tonic::{Code, Status};
 
-use super::{demand::DemandError, metadata::MetadataError};
-use crate::{sources::SourceError, tls};
+use super::metadata::MetadataError;
+use crate::{demand::DemandError, sources::SourceError, tls};
 
 /// Everything that can go wrong answering KEDA.
 #[derive(Debug, thiserror::Error)]

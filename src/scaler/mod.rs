@@ -2,8 +2,8 @@
 //! metrics into inference demand.
 //!
 //! - [`metadata`] parses a trigger's metadata into a typed configuration;
-//! - [`demand`] is the pure composite-demand math (shared with the simulator);
-//! - [`Scaler`] reads the sources, applies the math and keeps explanations ([`explain`]);
+//! - [`Scaler`] reads the sources, applies the pure demand math ([`crate::demand`], shared with
+//!   the simulator) and keeps explanations ([`explain`]);
 //! - [`service`] is the thin gRPC adapter, [`error`] the one mapping to gRPC status codes;
 //! - [`tls`] names the scaler's TLS/mTLS choices for [`crate::tls`] (reloaded from disk);
 //! - [`start`] wires it into the process.
@@ -11,7 +11,6 @@
 //! Demand is reported as a metric value of `replicas × 100` against a fixed target of 100, so the
 //! HPA's `ceil(value / target)` is the number of replicas needed.
 
-pub mod demand;
 pub mod error;
 pub mod explain;
 pub mod metadata;
@@ -29,10 +28,11 @@ use explain::{Decisions, ErrorView, Explanation, TermView};
 use metadata::{EmptyResult, Source, TriggerConfig};
 
 use crate::{
+    demand::{self, Signal},
     runtime::Context,
     sources::{
-        Family, Selection, discovery::Discovery, metrics::SourceMetrics,
-        prometheus::PrometheusSource, scrape::ScrapeSource,
+        Selection, discovery::Discovery, metrics::SourceMetrics, prometheus::PrometheusSource,
+        scrape::ScrapeSource,
     },
     tls::{Metrics as TlsMetrics, ServerTls},
 };
@@ -228,18 +228,10 @@ impl Scaler {
             });
         }
 
-        let wanted: Vec<Family> = [
-            (Family::Waiting, config.targets.waiting),
-            (Family::Running, config.targets.running),
-            (Family::KvCache, config.targets.kv_cache),
-            (Family::GenerationTokens, config.targets.generation_tokens),
-        ]
-        .into_iter()
-        .filter_map(|(f, t)| t.map(|_| f))
-        .collect();
+        let wanted: Vec<Signal> = config.targets.configured().collect();
         let readings = self.read(config, &wanted, &explanation.source).await?;
         let mut totals = demand::Totals::default();
-        for (family, aggregate) in readings {
+        for (signal, aggregate) in readings {
             let value = match aggregate {
                 Some(a) => {
                     totals.pods = totals.pods.max(a.pods);
@@ -249,17 +241,12 @@ impl Scaler {
                 None => {
                     return Err(Error::Empty {
                         source_name: explanation.source.clone(),
-                        family: family.as_str(),
+                        family: signal.family(),
                         selection: selection_text(&config.selection),
                     });
                 }
             };
-            match family {
-                Family::Waiting => totals.waiting = Some(value),
-                Family::Running => totals.running = Some(value),
-                Family::KvCache => totals.kv_cache = Some(value),
-                Family::GenerationTokens => totals.generation_tokens = Some(value),
-            }
+            *totals.signals.get_mut(signal) = Some(value);
         }
         explanation.pods = Some(totals.pods);
         let decision = demand::compute(&totals, &config.targets)?;
@@ -267,13 +254,13 @@ impl Scaler {
             .terms
             .iter()
             .map(|t| TermView {
-                signal: signal_name(t.signal).into(),
+                signal: t.signal.name().into(),
                 raw: t.total,
                 target: t.target,
                 ratio: t.ratio,
             })
             .collect();
-        explanation.driver = decision.driver.map(|s| signal_name(s).to_string());
+        explanation.driver = decision.driver.map(|s| s.name().to_string());
         Ok(Evaluation {
             replicas: decision.replicas,
             metric_value: decision.metric_value(),
@@ -282,51 +269,40 @@ impl Scaler {
         })
     }
 
-    /// Reads the wanted families; `None` for a family with no series for the selection.
+    /// Reads the wanted signals; `None` for a signal with no series for the selection.
     async fn read(
         &self,
         config: &TriggerConfig,
-        wanted: &[Family],
+        wanted: &[Signal],
         source_name: &str,
-    ) -> Result<Vec<(Family, Option<crate::sources::Aggregate>)>, Error> {
+    ) -> Result<Vec<(Signal, Option<crate::sources::Aggregate>)>, Error> {
         match &config.source {
             Source::Prometheus { server, labels } => {
-                let window = metadata::promql_duration(config.rate_window);
-                let fetches = wanted.iter().map(|&family| {
-                    let window = window.clone();
-                    async move {
-                        let index = self
-                            .prometheus
-                            .family(server, labels, family, &window)
-                            .await?;
-                        Ok::<_, Error>((family, index.select(&config.selection)))
-                    }
+                let fetches = wanted.iter().map(|&signal| async move {
+                    let index = self
+                        .prometheus
+                        .family(server, labels, signal, config.rate_window)
+                        .await?;
+                    Ok::<_, Error>((signal, index.select(&config.selection)))
                 });
                 futures::future::try_join_all(fetches).await
             }
             Source::Scrape(target) => {
                 let snapshot = self.scrape.snapshot(target).await?;
                 let mut out = Vec::with_capacity(wanted.len());
-                for &family in wanted {
-                    if family == Family::GenerationTokens && snapshot.rates_warming_up {
+                for &signal in wanted {
+                    if signal == Signal::GenerationTokens && snapshot.rates_warming_up {
                         return Err(Error::WarmingUp {
                             source_name: source_name.to_string(),
                         });
                     }
-                    let agg = snapshot
-                        .families
-                        .get(&family)
-                        .and_then(|i| i.select(&config.selection));
-                    out.push((family, agg));
+                    let agg = snapshot.families.get(signal).select(&config.selection);
+                    out.push((signal, agg));
                 }
                 Ok(out)
             }
         }
     }
-}
-
-fn signal_name(s: demand::Signal) -> &'static str {
-    s.name()
 }
 
 fn selection_text(s: &Selection) -> String {

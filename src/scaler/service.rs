@@ -12,8 +12,8 @@ use tonic::{
     transport::{Server, server::TcpIncoming},
 };
 
-use super::{Error, Evaluation, METRIC_NAME, Scaler, StartError, demand::METRIC_TARGET};
-use crate::tls::ServerTls;
+use super::{Error, Evaluation, METRIC_NAME, Scaler, StartError};
+use crate::{demand::METRIC_TARGET, tls::ServerTls};
 
 /// Code generated from `proto/externalscaler.proto`.
 pub mod proto {

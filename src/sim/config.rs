@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::scaler::demand::Targets;
+use crate::demand::Targets;
 
 /// Everything a run depends on besides the trace.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -16,7 +16,7 @@ use super::{
     pool::{Placement, Pool},
     trace::{Arrivals, Envelope, Trace},
 };
-use crate::scaler::demand::{self, Decision, Totals};
+use crate::demand::{self, Decision, PerSignal, Totals};
 
 /// Queue waits and TTFTs are kept in 1 ms buckets up to this many seconds (beyond: one bucket).
 const HIST_SPAN_S: f64 = 600.0;
@@ -762,10 +762,12 @@ fn totals_at(history: &VecDeque<Sample>, t: f64, window: f64) -> Totals {
     };
     Totals {
         pods: now.pods,
-        waiting: Some(now.waiting),
-        running: Some(now.running),
-        kv_cache: Some(now.kv_cache),
-        generation_tokens: Some(rate),
+        signals: PerSignal {
+            waiting: Some(now.waiting),
+            running: Some(now.running),
+            kv_cache: Some(now.kv_cache),
+            generation_tokens: Some(rate),
+        },
     }
 }
 
@@ -885,8 +887,8 @@ mod tests {
         }
         let totals = totals_at(&h, 60.0, 30.0);
         assert_eq!(totals.pods, 2);
-        assert_eq!(totals.waiting, Some(3.0));
-        assert_eq!(totals.generation_tokens, Some(500.0));
+        assert_eq!(totals.signals.waiting, Some(3.0));
+        assert_eq!(totals.signals.generation_tokens, Some(500.0));
         assert_eq!(sample_at(&h, scrape_time(59.0, 15.0)).t, 45.0);
         let empty = VecDeque::from([Sample::default()]);
         assert_eq!(totals_at(&empty, 0.0, 30.0), Totals::default());

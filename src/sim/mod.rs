@@ -4,7 +4,7 @@
 //! A request trace is replayed, its rate shaped by a 24-hour envelope, against a model of vLLM
 //! replicas ([`fleet`]), KEDA and the HPA ([`policy`]), and a GPU pool shared with a research
 //! backlog ([`pool`]). Each policy runs through the same cluster ([`engine`]); the nightshift
-//! policy calls the live scaler's [`crate::scaler::demand::compute`]. Runs are deterministic: the
+//! policy calls the live scaler's [`crate::demand::compute`]. Runs are deterministic: the
 //! same trace, scenario and seed give the same numbers.
 //!
 //! This module owns its options and errors; it does no I/O beyond reading the trace and the
@@ -29,7 +29,7 @@ use self::{
     report::Report,
     trace::{Envelope, Trace, TraceError},
 };
-use crate::scaler::demand::{self, DemandError, Totals};
+use crate::demand::{self, DemandError, PerSignal, Totals};
 
 /// Why a simulation could not run.
 #[derive(Debug, thiserror::Error)]
@@ -163,10 +163,12 @@ pub fn simulate(scenario: &Scenario, trace: &Trace) -> Result<Report, SimError> 
     // The live code validates the targets: a configuration it would refuse is refused here.
     let probe = Totals {
         pods: 1,
-        waiting: Some(0.0),
-        running: Some(0.0),
-        kv_cache: Some(0.0),
-        generation_tokens: Some(0.0),
+        signals: PerSignal {
+            waiting: Some(0.0),
+            running: Some(0.0),
+            kv_cache: Some(0.0),
+            generation_tokens: Some(0.0),
+        },
     };
     demand::compute(&probe, &scenario.policies.nightshift.targets()).map_err(SimError::Targets)?;
 

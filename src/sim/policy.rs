@@ -1,6 +1,6 @@
 //! The policies compared and the HorizontalPodAutoscaler that turns a metric into replicas.
 //!
-//! The nightshift policy calls [`crate::scaler::demand::compute`] — the function the live scaler
+//! The nightshift policy calls [`crate::demand::compute`] — the function the live scaler
 //! answers KEDA with — on signal totals built the way its sources report them. The other
 //! policies are what users run instead: a static fleet, a fixed night window, and KEDA's
 //! Prometheus scaler on the waiting-queue length.
@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use serde::Serialize;
 
 use super::config::{AutoscalingConfig, NightWindowConfig};
-use crate::scaler::demand::{self, Decision, DemandError, Targets, Totals};
+use crate::demand::{self, Decision, DemandError, Targets, Totals};
 
 /// Which scaling policy a run uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -143,6 +143,7 @@ impl Hpa {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::demand::PerSignal;
 
     fn hpa() -> Hpa {
         Hpa::new(AutoscalingConfig::default())
@@ -211,10 +212,12 @@ mod tests {
         };
         let totals = Totals {
             pods: 3,
-            waiting: Some(7.0),
-            running: Some(120.0),
-            kv_cache: Some(1.2),
-            generation_tokens: Some(1500.0),
+            signals: PerSignal {
+                waiting: Some(7.0),
+                running: Some(120.0),
+                kv_cache: Some(1.2),
+                generation_tokens: Some(1500.0),
+            },
         };
         let (decision, value) = nightshift_metric(&totals, &targets).expect("valid");
         let live = demand::compute(&totals, &targets).expect("valid");

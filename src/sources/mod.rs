@@ -1,8 +1,8 @@
 //! Where vLLM metrics come from: a Prometheus server ([`prometheus`]) or a direct scrape of the
 //! vLLM pods' `/metrics` ([`scrape`], pods found by [`discovery`]).
 //!
-//! Both produce the same thing: for each metric [`Family`], a [`FamilyIndex`] of per-pod values
-//! already aggregated per (namespace, model). Fetches are shared between every ScaledObject that
+//! Both produce the same thing: for each [`Signal`](crate::demand::Signal)'s metric family, a [`FamilyIndex`] of per-pod
+//! values already aggregated per (namespace, model). Fetches are shared between every ScaledObject that
 //! reads the same upstream ([`cache`]), so upstream load does not grow with their number.
 //! This module owns no demand logic: it only measures.
 
@@ -15,47 +15,6 @@ pub mod rates;
 pub mod scrape;
 
 use std::{collections::HashMap, fmt, time::Duration};
-
-/// A family of vLLM metrics that the scaler can read. One upstream query (or one scrape pass)
-/// per family serves every ScaledObject.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Family {
-    /// `vllm:num_requests_waiting`, summed over engines and pods.
-    Waiting,
-    /// `vllm:num_requests_running`, summed over engines and pods.
-    Running,
-    /// `vllm:kv_cache_usage_perc` (formerly `vllm:gpu_cache_usage_perc`): averaged over a pod's
-    /// engines, summed over pods.
-    KvCache,
-    /// Rate of `vllm:generation_tokens_total` in tokens/s, summed over engines and pods.
-    GenerationTokens,
-}
-
-impl Family {
-    /// Every family, in a fixed order.
-    pub const ALL: [Family; 4] = [
-        Family::Waiting,
-        Family::Running,
-        Family::KvCache,
-        Family::GenerationTokens,
-    ];
-
-    /// A short stable name, used in metric labels and explanations.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Family::Waiting => "waiting",
-            Family::Running => "running",
-            Family::KvCache => "kv_cache",
-            Family::GenerationTokens => "generation_tokens",
-        }
-    }
-}
-
-impl fmt::Display for Family {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// Which model's series a ScaledObject reads.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

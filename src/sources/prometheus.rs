@@ -17,11 +17,11 @@ use prometheus_http_query::{Client, response::Data};
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
 
 use super::{
-    Family, FamilyIndex, ModelKey, SourceError,
+    FamilyIndex, ModelKey, SourceError,
     cache::Coalescer,
     exposition::{GENERATION_TOKENS, KV_CACHE, KV_CACHE_OLD, MODEL_LABEL, RUNNING, WAITING},
 };
-use crate::sources::metrics::SourceMetrics;
+use crate::{demand::Signal, sources::metrics::SourceMetrics};
 
 /// How to authenticate to Prometheus.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -75,27 +75,36 @@ fn selector(metric: &str, matchers: &[(String, String)]) -> String {
     s
 }
 
-/// The PromQL query for one family: one value per (namespace, model, pod). Engines are summed
+/// The PromQL query for one signal's family: one value per (namespace, model, pod). Engines are summed
 /// (counts, token rates) or averaged (KV-cache fraction) within a pod; both KV-cache names are
 /// read, the new one winning where a pod exposes both (`or` keeps the left side's series).
-pub fn family_query(family: Family, labels: &Labels, rate_window: &str) -> String {
+pub fn family_query(signal: Signal, labels: &Labels, rate_window: &str) -> String {
     let by = format!(
         "{}, {MODEL_LABEL}, {}",
         labels.namespace_label, labels.pod_label
     );
     let m = &labels.matchers;
-    match family {
-        Family::Waiting => format!("sum by ({by}) ({})", selector(WAITING, m)),
-        Family::Running => format!("sum by ({by}) ({})", selector(RUNNING, m)),
-        Family::KvCache => format!(
+    match signal {
+        Signal::Waiting => format!("sum by ({by}) ({})", selector(WAITING, m)),
+        Signal::Running => format!("sum by ({by}) ({})", selector(RUNNING, m)),
+        Signal::KvCache => format!(
             "avg by ({by}) ({} or {})",
             selector(KV_CACHE, m),
             selector(KV_CACHE_OLD, m)
         ),
-        Family::GenerationTokens => format!(
+        Signal::GenerationTokens => format!(
             "sum by ({by}) (rate({}[{rate_window}]))",
             selector(GENERATION_TOKENS, m)
         ),
+    }
+}
+
+/// Formats a duration as PromQL (`90s`, `1500ms`).
+fn promql_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
     }
 }
 
@@ -128,15 +137,16 @@ impl PrometheusSource {
         Ok(client)
     }
 
-    /// One family's readings from `server`, shared with every concurrent and recent caller.
+    /// One signal's family readings from `server`, shared with every concurrent and recent
+    /// caller. Token rates are taken over `rate_window`.
     pub async fn family(
         &self,
         server: &Server,
         labels: &Labels,
-        family: Family,
-        rate_window: &str,
+        signal: Signal,
+        rate_window: Duration,
     ) -> Result<Arc<FamilyIndex>, SourceError> {
-        let query = family_query(family, labels, rate_window);
+        let query = family_query(signal, labels, &promql_duration(rate_window));
         let key = (server.clone(), query);
         let client = self.client(server)?;
         let metrics = self.metrics.clone();
@@ -144,7 +154,7 @@ impl PrometheusSource {
         let query = key.1.clone();
         self.families
             .get_or_fetch(&key, move || async move {
-                let data = run_query(&client, &server_c, &query, &metrics, family.as_str()).await?;
+                let data = run_query(&client, &server_c, &query, &metrics, signal.family()).await?;
                 index_from(&server_c, &labels_c, data)
             })
             .await
@@ -386,17 +396,23 @@ mod tests {
     fn family_queries_group_per_pod_and_read_both_kv_cache_names() {
         let l = labels();
         assert_eq!(
-            family_query(Family::Waiting, &l, "1m"),
+            family_query(Signal::Waiting, &l, "1m"),
             r#"sum by (namespace, model_name, pod) (vllm:num_requests_waiting{job="vllm \"x\""})"#
         );
         assert_eq!(
-            family_query(Family::KvCache, &l, "1m"),
+            family_query(Signal::KvCache, &l, "1m"),
             r#"avg by (namespace, model_name, pod) (vllm:kv_cache_usage_perc{job="vllm \"x\""} or vllm:gpu_cache_usage_perc{job="vllm \"x\""})"#
         );
         assert_eq!(
-            family_query(Family::GenerationTokens, &l, "2m"),
+            family_query(Signal::GenerationTokens, &l, "2m"),
             r#"sum by (namespace, model_name, pod) (rate(vllm:generation_tokens_total{job="vllm \"x\""}[2m]))"#
         );
+    }
+
+    #[test]
+    fn promql_durations() {
+        assert_eq!(promql_duration(Duration::from_secs(60)), "60s");
+        assert_eq!(promql_duration(Duration::from_millis(1500)), "1500ms");
     }
 
     #[test]

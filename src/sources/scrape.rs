@@ -13,13 +13,14 @@ use std::{
 };
 
 use super::{
-    Family, FamilyIndex, ModelKey, SourceError,
+    FamilyIndex, ModelKey, SourceError,
     cache::Coalescer,
     discovery::{Discovery, Endpoint},
     exposition::{self, PodReadings},
     metrics::SourceMetrics,
     rates::CounterRates,
 };
+use crate::demand::PerSignal;
 
 /// Where the pods are.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -73,8 +74,8 @@ impl Target {
 /// The outcome of one scrape pass over a target's pods.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
-    /// Per family, per-model totals over the pods.
-    pub families: HashMap<Family, FamilyIndex>,
+    /// Per signal, per-model totals over the pods.
+    pub families: PerSignal<FamilyIndex>,
     /// Pods scraped.
     pub pods: usize,
     /// Token counters were found but no pod has two samples yet, so no rate is known.
@@ -233,16 +234,13 @@ fn summarise(
         .filter_map(|(id, _)| tracker.rate(id).map(|r| (key(&id.1), r)))
         .collect();
     let rates_warming_up = !counters.is_empty() && token_rates.is_empty();
-    let mut families = HashMap::new();
-    families.insert(Family::Waiting, FamilyIndex::from_pod_values(waiting));
-    families.insert(Family::Running, FamilyIndex::from_pod_values(running));
-    families.insert(Family::KvCache, FamilyIndex::from_pod_values(kv));
-    families.insert(
-        Family::GenerationTokens,
-        FamilyIndex::from_pod_values(token_rates),
-    );
     Snapshot {
-        families,
+        families: PerSignal {
+            waiting: FamilyIndex::from_pod_values(waiting),
+            running: FamilyIndex::from_pod_values(running),
+            kv_cache: FamilyIndex::from_pod_values(kv),
+            generation_tokens: FamilyIndex::from_pod_values(token_rates),
+        },
         pods: pods.len(),
         rates_warming_up,
     }
@@ -381,20 +379,13 @@ mod tests {
             0.0,
         );
         assert!(first.rates_warming_up);
-        let w = first.families[&Family::Waiting]
-            .select(&all())
-            .expect("some");
+        let w = first.families.waiting.select(&all()).expect("some");
         assert_eq!((w.total, w.pods), (5.0, 2));
         assert_eq!(
-            first.families[&Family::KvCache]
-                .select(&all())
-                .map(|a| a.total),
+            first.families.kv_cache.select(&all()).map(|a| a.total),
             Some(0.75)
         );
-        assert_eq!(
-            first.families[&Family::GenerationTokens].select(&all()),
-            None
-        );
+        assert_eq!(first.families.generation_tokens.select(&all()), None);
 
         // 10 s later: a restarted (counter reset to 40), b produced 200 tokens.
         let second = summarise(
@@ -408,7 +399,9 @@ mod tests {
             10.0,
         );
         assert!(!second.rates_warming_up);
-        let g = second.families[&Family::GenerationTokens]
+        let g = second
+            .families
+            .generation_tokens
             .select(&all())
             .expect("rates");
         assert_eq!(g.total, 4.0 + 20.0);

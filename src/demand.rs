@@ -1,8 +1,9 @@
 //! Composite inference demand: vLLM's own signals, each normalised by its per-replica target,
 //! combined so that the most saturated signal drives scaling.
 //!
-//! Pure: no I/O, no clocks. The live scaler and the simulator both call [`compute`], so what the
-//! simulator measures is what production decides.
+//! Pure: no I/O, no clocks, and nothing of the crate above it. The live scaler and the simulator
+//! both call [`compute`], so what the simulator measures is what production decides; the sources
+//! read metrics per [`Signal`], the one name of each signal across the crate.
 //!
 //! # Formula
 //!
@@ -25,7 +26,7 @@ use serde::Serialize;
 /// float field) while `ceil(value / target)` stays exactly `ceil(replicas)`.
 pub const METRIC_TARGET: f64 = 100.0;
 
-/// A vLLM signal nightshift can scale on.
+/// A vLLM signal nightshift can scale on; one metric family the sources read for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Signal {
@@ -49,13 +50,34 @@ impl Signal {
         Signal::GenerationTokens,
     ];
 
-    /// The name used in ScaledObject metadata and explanations.
+    /// The name used in explanations and JSON (`kvCache`).
     pub fn name(self) -> &'static str {
         match self {
             Signal::Waiting => "waiting",
             Signal::Running => "running",
             Signal::KvCache => "kvCache",
             Signal::GenerationTokens => "generationTokens",
+        }
+    }
+
+    /// The ScaledObject metadata key holding this signal's per-replica target (`kvCacheTarget`).
+    pub fn target_key(self) -> &'static str {
+        match self {
+            Signal::Waiting => "waitingTarget",
+            Signal::Running => "runningTarget",
+            Signal::KvCache => "kvCacheTarget",
+            Signal::GenerationTokens => "generationTokensTarget",
+        }
+    }
+
+    /// The name of the signal's metric family in source metrics' labels and in empty-result
+    /// errors (`kv_cache`).
+    pub fn family(self) -> &'static str {
+        match self {
+            Signal::Waiting => "waiting",
+            Signal::Running => "running",
+            Signal::KvCache => "kv_cache",
+            Signal::GenerationTokens => "generation_tokens",
         }
     }
 }
@@ -66,27 +88,42 @@ impl std::fmt::Display for Signal {
     }
 }
 
-/// Per-replica targets: the load one replica should carry. `None` = signal not used.
+/// One value per signal: targets, totals, and the sources' readings.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Targets {
-    pub waiting: Option<f64>,
-    pub running: Option<f64>,
-    pub kv_cache: Option<f64>,
-    pub generation_tokens: Option<f64>,
+pub struct PerSignal<T> {
+    pub waiting: T,
+    pub running: T,
+    pub kv_cache: T,
+    pub generation_tokens: T,
 }
 
-impl Targets {
-    /// The target of one signal.
-    pub fn get(&self, signal: Signal) -> Option<f64> {
+impl<T> PerSignal<T> {
+    /// The value of one signal.
+    pub fn get(&self, signal: Signal) -> &T {
         match signal {
-            Signal::Waiting => self.waiting,
-            Signal::Running => self.running,
-            Signal::KvCache => self.kv_cache,
-            Signal::GenerationTokens => self.generation_tokens,
+            Signal::Waiting => &self.waiting,
+            Signal::Running => &self.running,
+            Signal::KvCache => &self.kv_cache,
+            Signal::GenerationTokens => &self.generation_tokens,
         }
     }
 
+    /// The value of one signal, to change it.
+    pub fn get_mut(&mut self, signal: Signal) -> &mut T {
+        match signal {
+            Signal::Waiting => &mut self.waiting,
+            Signal::Running => &mut self.running,
+            Signal::KvCache => &mut self.kv_cache,
+            Signal::GenerationTokens => &mut self.generation_tokens,
+        }
+    }
+}
+
+/// Per-replica targets: the load one replica should carry. `None` = signal not used.
+pub type Targets = PerSignal<Option<f64>>;
+
+impl Targets {
     /// The signals that have a target.
     pub fn configured(&self) -> impl Iterator<Item = Signal> + '_ {
         Signal::ALL.into_iter().filter(|s| self.get(*s).is_some())
@@ -103,33 +140,9 @@ impl Targets {
 pub struct Totals {
     /// Pods that reported.
     pub pods: usize,
-    pub waiting: Option<f64>,
-    pub running: Option<f64>,
-    pub kv_cache: Option<f64>,
-    pub generation_tokens: Option<f64>,
-}
-
-impl Totals {
-    /// The total of one signal, if it was read.
-    pub fn get(&self, signal: Signal) -> Option<f64> {
-        match signal {
-            Signal::Waiting => self.waiting,
-            Signal::Running => self.running,
-            Signal::KvCache => self.kv_cache,
-            Signal::GenerationTokens => self.generation_tokens,
-        }
-    }
-
-    /// Sets the total of one signal.
-    pub fn set(&mut self, signal: Signal, value: Option<f64>) {
-        let slot = match signal {
-            Signal::Waiting => &mut self.waiting,
-            Signal::Running => &mut self.running,
-            Signal::KvCache => &mut self.kv_cache,
-            Signal::GenerationTokens => &mut self.generation_tokens,
-        };
-        *slot = value;
-    }
+    /// Each signal's total, if it was read.
+    #[serde(flatten)]
+    pub signals: PerSignal<Option<f64>>,
 }
 
 /// One signal's share of a decision.
@@ -212,6 +225,7 @@ pub fn compute(totals: &Totals, targets: &Targets) -> Result<Decision, DemandErr
             return Err(DemandError::BadTarget { signal, target });
         }
         let total = totals
+            .signals
             .get(signal)
             .ok_or(DemandError::MissingSignal { signal })?;
         if !(total.is_finite() && total >= 0.0) {
@@ -261,10 +275,7 @@ mod tests {
     fn totals(w: Option<f64>, r: Option<f64>, kv: Option<f64>, tok: Option<f64>) -> Totals {
         Totals {
             pods: 2,
-            waiting: w,
-            running: r,
-            kv_cache: kv,
-            generation_tokens: tok,
+            signals: targets(w, r, kv, tok),
         }
     }
 

@@ -1,17 +1,24 @@
 //! Turns a trigger's `metadata` map (KEDA's `scalerMetadata`) into a typed [`TriggerConfig`].
 //!
-//! Every key is known: an unknown or malformed key is rejected with a message naming the key
-//! and what is wrong, all problems at once. Keys KEDA itself reads for the connection to this
-//! scaler are tolerated and ignored. A key `xFromEnv` (resolved by KEDA from the workload's
-//! environment) stands for `x`.
+//! Every key is in one table ([`keys::KEYS`]): an unknown key, or a key set for a source it does
+//! not apply to, is rejected from the table; a malformed value is rejected by the sub-parser of
+//! its source, with a message naming the key and what is wrong, all problems at once. Keys KEDA
+//! itself reads for the connection to this scaler are tolerated and ignored. A key `xFromEnv`
+//! (resolved by KEDA from the workload's environment) stands for `x`.
+
+pub mod keys;
 
 use std::{collections::HashMap, time::Duration};
 
-use super::demand::Targets;
-use crate::sources::{
-    Selection,
-    prometheus::{Auth, Labels, Server},
-    scrape::{Pods, Target},
+use keys::SourceKind;
+
+use crate::{
+    demand::{Signal, Targets},
+    sources::{
+        Selection,
+        prometheus::{Auth, Labels, Server},
+        scrape::{Pods, Target},
+    },
 };
 
 /// Default bound on one upstream request: well inside KEDA's polling interval, and long enough
@@ -23,6 +30,8 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default window for token rates: four Prometheus scrapes at the usual 15 s interval, the
 /// minimum for a stable `rate()`.
 pub const DEFAULT_RATE_WINDOW: Duration = Duration::from_secs(60);
+/// Upper bound accepted for `rateWindow`: an hour-long rate no longer follows load at all.
+const MAX_RATE_WINDOW: Duration = Duration::from_secs(3600);
 
 /// Keys KEDA reads for its own connection to the scaler; they reach us too and are ignored.
 const KEDA_KEYS: &[&str] = &[
@@ -34,52 +43,6 @@ const KEDA_KEYS: &[&str] = &[
     "tlsClientKey",
     "tlsCertFile",
     "metricType",
-];
-
-/// Every key this scaler reads, with a one-line description (used in the "unknown key" error).
-pub const KEYS: &[(&str, &str)] = &[
-    ("serverAddress", "Prometheus base URL"),
-    (
-        "service",
-        "Service in front of the vLLM pods to scrape directly",
-    ),
-    (
-        "endpoints",
-        "comma-separated host:port list of vLLM pods to scrape",
-    ),
-    ("port", "Service port name or number to scrape"),
-    ("scheme", "http or https for direct scrapes"),
-    (
-        "metricsPath",
-        "path of the metrics endpoint for direct scrapes",
-    ),
-    ("namespace", "namespace of the vLLM pods"),
-    ("model", "vLLM model_name to read"),
-    ("metricLabels", "extra label matchers k=v,k2=v2"),
-    ("namespaceLabel", "Prometheus label holding the namespace"),
-    ("podLabel", "Prometheus label holding the pod name"),
-    ("waitingTarget", "waiting requests per replica"),
-    ("runningTarget", "running requests per replica"),
-    ("kvCacheTarget", "KV-cache fraction per replica"),
-    ("generationTokensTarget", "generated tokens/s per replica"),
-    ("query", "raw PromQL returning one element"),
-    ("queryTarget", "per-replica target for query"),
-    (
-        "activationThreshold",
-        "demand (replicas) above which the workload is active",
-    ),
-    ("emptyResult", "error or zero"),
-    ("rateWindow", "window for token rates"),
-    ("timeout", "bound on each upstream request"),
-    ("bearerToken", "Prometheus bearer token"),
-    ("username", "Prometheus basic-auth user"),
-    ("password", "Prometheus basic-auth password"),
-    (
-        "customHeaders",
-        "extra HTTP headers k=v,k2=v2 for Prometheus",
-    ),
-    ("prometheusCaCert", "PEM CA bundle for Prometheus"),
-    ("prometheusUnsafeSsl", "skip Prometheus certificate checks"),
 ];
 
 /// What an empty result (no series for the model) means.
@@ -125,35 +88,366 @@ pub struct MetadataError {
     pub problems: Vec<String>,
 }
 
+/// Parses the metadata of a trigger of the ScaledObject in `scaled_object_namespace`.
+pub fn parse(
+    raw: &HashMap<String, String>,
+    scaled_object_namespace: &str,
+) -> Result<TriggerConfig, MetadataError> {
+    let mut r = Reader::new(raw);
+    let common = common(&mut r, scaled_object_namespace);
+    let source = source_kind(&mut r).map(|kind| {
+        r.check_placement(kind);
+        match kind {
+            SourceKind::Prometheus => prometheus(&mut r, &common),
+            SourceKind::Service => {
+                let pods = service_pods(&mut r, &common.namespace);
+                scrape(&mut r, pods, &common)
+            }
+            SourceKind::Endpoints => {
+                let pods = endpoint_pods(&mut r);
+                scrape(&mut r, pods, &common)
+            }
+        }
+    });
+    let demand = demand(&mut r);
+    match source {
+        Some(source) if r.problems.is_empty() => Ok(TriggerConfig {
+            rate_window: common.rate_window,
+            selection: common.selection(&source),
+            source,
+            targets: demand.targets,
+            query: demand.query,
+            activation_threshold: demand.activation_threshold,
+            empty_result: demand.empty_result,
+        }),
+        _ => Err(r.into_error()),
+    }
+}
+
+/// The keys every source reads.
+struct Common {
+    timeout: Duration,
+    rate_window: Duration,
+    matchers: Vec<(String, String)>,
+    namespace: String,
+    model: Option<String>,
+}
+
+impl Common {
+    /// The series to read from what `source` returns.
+    fn selection(self, source: &Source) -> Selection {
+        match source {
+            // Direct scrapes already target the right pods.
+            Source::Scrape(_) => Selection {
+                namespace: None,
+                model: self.model,
+            },
+            Source::Prometheus { .. } => Selection {
+                namespace: Some(self.namespace),
+                model: self.model,
+            },
+        }
+    }
+}
+
+fn common(r: &mut Reader<'_>, scaled_object_namespace: &str) -> Common {
+    Common {
+        timeout: r.duration("timeout", DEFAULT_TIMEOUT, MAX_TIMEOUT),
+        rate_window: r.duration("rateWindow", DEFAULT_RATE_WINDOW, MAX_RATE_WINDOW),
+        matchers: r.pairs("metricLabels", is_label_name),
+        namespace: r
+            .text("namespace")
+            .unwrap_or(scaled_object_namespace)
+            .to_string(),
+        model: r.text("model").map(str::to_string),
+    }
+}
+
+/// The source the trigger reads: the one source key that is set. Several, or none, is a problem;
+/// with several, the first in [`SourceKind::ALL`] is still parsed so its problems show too.
+fn source_kind(r: &mut Reader<'_>) -> Option<SourceKind> {
+    let chosen: Vec<SourceKind> = SourceKind::ALL
+        .into_iter()
+        .filter(|s| r.text(s.key()).is_some())
+        .collect();
+    if chosen.len() > 1 {
+        let keys: Vec<&str> = chosen.iter().map(|s| s.key()).collect();
+        r.bad(
+            &keys.join(", "),
+            "set only one source: serverAddress (Prometheus), service or endpoints (direct scrape)",
+        );
+    }
+    if chosen.is_empty() {
+        r.bad(
+            "serverAddress, service or endpoints",
+            "one is required (where to read vLLM metrics)",
+        );
+    }
+    chosen.first().copied()
+}
+
+/// The Prometheus source: the server, how to authenticate and which labels to group by.
+fn prometheus(r: &mut Reader<'_>, common: &Common) -> Source {
+    let address = r.text("serverAddress").unwrap_or_default();
+    if !(address.starts_with("http://") || address.starts_with("https://")) {
+        r.bad(
+            "serverAddress",
+            format!("{address:?} must be an http:// or https:// URL"),
+        );
+    }
+    let auth = prometheus_auth(r);
+    let headers = r.pairs("customHeaders", is_header_name);
+    let ca_cert = r.text("prometheusCaCert").map(str::to_string);
+    if let Some(pem) = &ca_cert
+        && !pem.contains("-----BEGIN CERTIFICATE-----")
+    {
+        r.bad(
+            "prometheusCaCert",
+            "is not a PEM certificate (-----BEGIN CERTIFICATE-----)",
+        );
+    }
+    let unsafe_ssl = r.boolean("prometheusUnsafeSsl");
+    Source::Prometheus {
+        server: Server {
+            address: address.trim_end_matches('/').to_string(),
+            auth,
+            headers,
+            ca_cert,
+            unsafe_ssl,
+            timeout: common.timeout,
+        },
+        labels: Labels {
+            namespace_label: r.label_name("namespaceLabel", "namespace"),
+            pod_label: r.label_name("podLabel", "pod"),
+            matchers: common.matchers.clone(),
+        },
+    }
+}
+
+/// Prometheus authentication: a bearer token, basic credentials, or none.
+fn prometheus_auth(r: &mut Reader<'_>) -> Auth {
+    match (
+        r.text("bearerToken"),
+        r.text("username"),
+        r.text("password"),
+    ) {
+        (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+            r.bad(
+                "bearerToken",
+                "use either bearerToken or username/password, not both",
+            );
+            Auth::None
+        }
+        (Some(token), None, None) => Auth::Bearer(token.to_string()),
+        (None, Some(u), Some(p)) => Auth::Basic {
+            username: u.to_string(),
+            password: p.to_string(),
+        },
+        (None, Some(_), None) => {
+            r.bad("password", "required with username");
+            Auth::None
+        }
+        (None, None, Some(_)) => {
+            r.bad("username", "required with password");
+            Auth::None
+        }
+        (None, None, None) => Auth::None,
+    }
+}
+
+/// A direct scrape of `pods` (those of a `service` or a static `endpoints` list).
+fn scrape(r: &mut Reader<'_>, pods: Pods, common: &Common) -> Source {
+    let scheme = r.text("scheme").unwrap_or("http").to_string();
+    if scheme != "http" && scheme != "https" {
+        r.bad("scheme", format!("{scheme:?} must be http or https"));
+    }
+    let path = r.text("metricsPath").unwrap_or("/metrics").to_string();
+    if !path.starts_with('/') {
+        r.bad("metricsPath", format!("{path:?} must start with /"));
+    }
+    Source::Scrape(Target {
+        pods,
+        scheme,
+        path,
+        timeout: common.timeout,
+        matchers: common.matchers.clone(),
+        rate_window: common.rate_window,
+    })
+}
+
+/// The pods behind `service` in `namespace`.
+fn service_pods(r: &mut Reader<'_>, namespace: &str) -> Pods {
+    let service = r.text("service").unwrap_or_default();
+    let valid = !service.is_empty()
+        && service.len() <= 63
+        && service
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !valid {
+        r.bad("service", format!("{service:?} is not a Service name"));
+    }
+    Pods::Service {
+        namespace: namespace.to_string(),
+        name: service.to_string(),
+        port: r.text("port").map(str::to_string),
+    }
+}
+
+/// The `endpoints` list, sorted and without duplicates.
+fn endpoint_pods(r: &mut Reader<'_>) -> Pods {
+    let mut list: Vec<String> = r
+        .text("endpoints")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    for e in &list {
+        if !is_endpoint(e) {
+            r.bad("endpoints", format!("{e:?} is not host:port"));
+        }
+    }
+    list.sort();
+    list.dedup();
+    Pods::Static(list)
+}
+
+/// What the trigger asks for: per-replica targets or a raw query, and how to read the outcome.
+struct Demand {
+    targets: Targets,
+    query: Option<RawQuery>,
+    activation_threshold: f64,
+    empty_result: EmptyResult,
+}
+
+fn demand(r: &mut Reader<'_>) -> Demand {
+    let mut targets = Targets::default();
+    for signal in Signal::ALL {
+        *targets.get_mut(signal) = r.positive(signal.target_key());
+    }
+    if let Some(kv) = targets.kv_cache
+        && kv > 1.0
+    {
+        r.bad(
+            Signal::KvCache.target_key(),
+            format!("{kv} is a fraction of the cache and must be ≤ 1"),
+        );
+    }
+    let any_target = targets.configured().next().is_some();
+    let query = raw_query(r);
+    if r.text("query").is_some() && any_target {
+        r.bad(
+            "query",
+            "replaces the signal targets; remove waitingTarget/runningTarget/kvCacheTarget/generationTokensTarget",
+        );
+    }
+    // A target key that already has a problem (malformed, misspelled, misplaced) says what is
+    // wrong; asking for a target on top of it would only repeat it.
+    let target_problem = r.problems.iter().any(|(key, _)| key.ends_with("Target"));
+    if r.text("query").is_none() && !any_target && !target_problem {
+        let keys: Vec<&str> = Signal::ALL.map(Signal::target_key).to_vec();
+        r.bad(
+            &keys.join(", "),
+            "set at least one per-replica target (or query with queryTarget)",
+        );
+    }
+    Demand {
+        targets,
+        query,
+        activation_threshold: r.non_negative("activationThreshold", 0.0),
+        empty_result: empty_result(r),
+    }
+}
+
+/// `query` with its `queryTarget`; each is a problem without the other.
+fn raw_query(r: &mut Reader<'_>) -> Option<RawQuery> {
+    match (r.text("query"), r.positive("queryTarget")) {
+        (Some(q), Some(t)) => Some(RawQuery {
+            query: q.to_string(),
+            target: t,
+        }),
+        (Some(_), None) => {
+            if r.text("queryTarget").is_none() {
+                r.bad("queryTarget", "required with query");
+            }
+            None
+        }
+        (None, Some(_)) => {
+            r.bad("queryTarget", "only applies with query");
+            None
+        }
+        (None, None) => None,
+    }
+}
+
+fn empty_result(r: &mut Reader<'_>) -> EmptyResult {
+    match r.text("emptyResult") {
+        None => EmptyResult::Error,
+        Some(v) if v.eq_ignore_ascii_case("error") => EmptyResult::Error,
+        Some(v) if v.eq_ignore_ascii_case("zero") => EmptyResult::Zero,
+        Some(v) => {
+            r.bad("emptyResult", format!("{v:?} must be error or zero"));
+            EmptyResult::Error
+        }
+    }
+}
+
+/// The metadata map with `FromEnv` keys resolved, and the problems found so far, each with the
+/// key it is about.
 struct Reader<'a> {
     map: HashMap<&'a str, &'a str>,
-    problems: Vec<String>,
+    problems: Vec<(String, String)>,
 }
 
 impl<'a> Reader<'a> {
+    /// Keeps the keys of the table, ignores KEDA's own and reports every other.
     fn new(raw: &'a HashMap<String, String>) -> Self {
-        let mut map = HashMap::new();
-        let mut problems = Vec::new();
+        let mut reader = Self {
+            map: HashMap::new(),
+            problems: Vec::new(),
+        };
         for (k, v) in raw {
             let base = k.strip_suffix("FromEnv").unwrap_or(k);
             if KEDA_KEYS.contains(&base) {
                 continue;
             }
-            if !KEYS.iter().any(|(name, _)| *name == base) {
-                let hint = KEYS
+            if keys::find(base).is_none() {
+                let hint = keys::KEYS
                     .iter()
-                    .find(|(name, _)| name.eq_ignore_ascii_case(base))
-                    .map(|(name, _)| format!(" (did you mean {name}?)"))
+                    .find(|key| key.name.eq_ignore_ascii_case(base))
+                    .map(|key| format!(" (did you mean {}?)", key.name))
                     .unwrap_or_default();
-                problems.push(format!("{k}: unknown key{hint}"));
+                reader.bad(k, format!("unknown key{hint}"));
                 continue;
             }
             // The plain key wins over its FromEnv form.
             if k.as_str() == base || !raw.contains_key(base) {
-                map.insert(base, v.as_str());
+                reader.map.insert(base, v.as_str());
             }
         }
-        Self { map, problems }
+        reader
+    }
+
+    /// Reports every key that is set but does not apply to `source`. The source keys themselves
+    /// are left to [`source_kind`].
+    fn check_placement(&mut self, source: SourceKind) {
+        for key in keys::KEYS {
+            let selects_source = SourceKind::ALL.iter().any(|s| s.key() == key.name);
+            if !selects_source && !key.applies.includes(source) && self.text(key.name).is_some() {
+                self.bad(key.name, key.applies.misplaced(source));
+            }
+        }
+    }
+
+    fn into_error(self) -> MetadataError {
+        let mut problems: Vec<String> = self
+            .problems
+            .into_iter()
+            .map(|(key, msg)| format!("{key}: {msg}"))
+            .collect();
+        problems.sort();
+        MetadataError { problems }
     }
 
     fn text(&self, key: &str) -> Option<&'a str> {
@@ -164,7 +458,7 @@ impl<'a> Reader<'a> {
     }
 
     fn bad(&mut self, key: &str, msg: impl std::fmt::Display) {
-        self.problems.push(format!("{key}: {msg}"));
+        self.problems.push((key.to_string(), msg.to_string()));
     }
 
     fn positive(&mut self, key: &str) -> Option<f64> {
@@ -244,6 +538,15 @@ impl<'a> Reader<'a> {
         out.sort();
         out
     }
+
+    /// A Prometheus label name, `default` when unset.
+    fn label_name(&mut self, key: &str, default: &str) -> String {
+        let v = self.text(key).unwrap_or(default).to_string();
+        if !is_label_name(&v) {
+            self.bad(key, format!("{v:?} is not a valid Prometheus label name"));
+        }
+        v
+    }
 }
 
 /// A Prometheus label name: `[a-zA-Z_][a-zA-Z0-9_]*`.
@@ -269,283 +572,6 @@ fn is_endpoint(s: &str) -> bool {
             !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok()
         }
         None => false,
-    }
-}
-
-/// Formats a duration as PromQL (`90s`, `1500ms`).
-pub fn promql_duration(d: Duration) -> String {
-    if d.subsec_millis() == 0 {
-        format!("{}s", d.as_secs())
-    } else {
-        format!("{}ms", d.as_millis())
-    }
-}
-
-/// Parses the metadata of a trigger of the ScaledObject in `scaled_object_namespace`.
-pub fn parse(
-    raw: &HashMap<String, String>,
-    scaled_object_namespace: &str,
-) -> Result<TriggerConfig, MetadataError> {
-    let mut r = Reader::new(raw);
-
-    let timeout = r.duration("timeout", DEFAULT_TIMEOUT, MAX_TIMEOUT);
-    let rate_window = r.duration("rateWindow", DEFAULT_RATE_WINDOW, Duration::from_secs(3600));
-    let matchers = r.pairs("metricLabels", is_label_name);
-    let namespace = r
-        .text("namespace")
-        .unwrap_or(scaled_object_namespace)
-        .to_string();
-    let model = r.text("model").map(str::to_string);
-
-    let chosen: Vec<&str> = ["serverAddress", "service", "endpoints"]
-        .into_iter()
-        .filter(|k| r.text(k).is_some())
-        .collect();
-    if chosen.len() > 1 {
-        let keys = chosen.join(", ");
-        r.bad(
-            &keys,
-            "set only one source: serverAddress (Prometheus), service or endpoints (direct scrape)",
-        );
-    }
-    let prometheus_only = [
-        "namespaceLabel",
-        "podLabel",
-        "query",
-        "queryTarget",
-        "bearerToken",
-        "username",
-        "password",
-        "customHeaders",
-        "prometheusCaCert",
-        "prometheusUnsafeSsl",
-    ];
-    let scrape_only = ["port", "scheme", "metricsPath"];
-
-    let source = if let Some(address) = r.text("serverAddress") {
-        for k in scrape_only {
-            if r.text(k).is_some() {
-                r.bad(k, "only applies to direct scrapes (service or endpoints)");
-            }
-        }
-        if !(address.starts_with("http://") || address.starts_with("https://")) {
-            r.bad(
-                "serverAddress",
-                format!("{address:?} must be an http:// or https:// URL"),
-            );
-        }
-        let auth = match (
-            r.text("bearerToken"),
-            r.text("username"),
-            r.text("password"),
-        ) {
-            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
-                r.bad(
-                    "bearerToken",
-                    "use either bearerToken or username/password, not both",
-                );
-                Auth::None
-            }
-            (Some(token), None, None) => Auth::Bearer(token.to_string()),
-            (None, Some(u), Some(p)) => Auth::Basic {
-                username: u.to_string(),
-                password: p.to_string(),
-            },
-            (None, Some(_), None) => {
-                r.bad("password", "required with username");
-                Auth::None
-            }
-            (None, None, Some(_)) => {
-                r.bad("username", "required with password");
-                Auth::None
-            }
-            (None, None, None) => Auth::None,
-        };
-        let headers = r.pairs("customHeaders", is_header_name);
-        let ca_cert = r.text("prometheusCaCert").map(str::to_string);
-        if let Some(pem) = &ca_cert
-            && !pem.contains("-----BEGIN CERTIFICATE-----")
-        {
-            r.bad(
-                "prometheusCaCert",
-                "is not a PEM certificate (-----BEGIN CERTIFICATE-----)",
-            );
-        }
-        let unsafe_ssl = r.boolean("prometheusUnsafeSsl");
-        let mut label = |key: &str, default: &str| {
-            let v = r.text(key).unwrap_or(default).to_string();
-            if !is_label_name(&v) {
-                r.bad(key, format!("{v:?} is not a valid Prometheus label name"));
-            }
-            v
-        };
-        let namespace_label = label("namespaceLabel", "namespace");
-        let pod_label = label("podLabel", "pod");
-        Some(Source::Prometheus {
-            server: Server {
-                address: address.trim_end_matches('/').to_string(),
-                auth,
-                headers,
-                ca_cert,
-                unsafe_ssl,
-                timeout,
-            },
-            labels: Labels {
-                namespace_label,
-                pod_label,
-                matchers: matchers.clone(),
-            },
-        })
-    } else if r.text("service").is_some() || r.text("endpoints").is_some() {
-        for k in prometheus_only {
-            if r.text(k).is_some() {
-                r.bad(k, "only applies with serverAddress (Prometheus)");
-            }
-        }
-        let pods = if let Some(service) = r.text("service") {
-            let valid = !service.is_empty()
-                && service.len() <= 63
-                && service
-                    .chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-            if !valid {
-                r.bad("service", format!("{service:?} is not a Service name"));
-            }
-            Pods::Service {
-                namespace: namespace.clone(),
-                name: service.to_string(),
-                port: r.text("port").map(str::to_string),
-            }
-        } else {
-            if r.text("port").is_some() {
-                r.bad("port", "only applies with service; put ports in endpoints");
-            }
-            let list: Vec<String> = r
-                .text("endpoints")
-                .unwrap_or_default()
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-                .collect();
-            for e in &list {
-                if !is_endpoint(e) {
-                    r.bad("endpoints", format!("{e:?} is not host:port"));
-                }
-            }
-            let mut list = list;
-            list.sort();
-            list.dedup();
-            Pods::Static(list)
-        };
-        let scheme = r.text("scheme").unwrap_or("http").to_string();
-        if scheme != "http" && scheme != "https" {
-            r.bad("scheme", format!("{scheme:?} must be http or https"));
-        }
-        let path = r.text("metricsPath").unwrap_or("/metrics").to_string();
-        if !path.starts_with('/') {
-            r.bad("metricsPath", format!("{path:?} must start with /"));
-        }
-        Some(Source::Scrape(Target {
-            pods,
-            scheme,
-            path,
-            timeout,
-            matchers: matchers.clone(),
-            rate_window,
-        }))
-    } else {
-        r.problems.push(
-            "serverAddress, service or endpoints: one is required (where to read vLLM metrics)"
-                .into(),
-        );
-        None
-    };
-
-    let targets = Targets {
-        waiting: r.positive("waitingTarget"),
-        running: r.positive("runningTarget"),
-        kv_cache: r.positive("kvCacheTarget"),
-        generation_tokens: r.positive("generationTokensTarget"),
-    };
-    if let Some(kv) = targets.kv_cache
-        && kv > 1.0
-    {
-        r.bad(
-            "kvCacheTarget",
-            format!("{kv} is a fraction of the cache and must be ≤ 1"),
-        );
-    }
-    let any_target = targets.waiting.is_some()
-        || targets.running.is_some()
-        || targets.kv_cache.is_some()
-        || targets.generation_tokens.is_some();
-    let query = match (r.text("query"), r.positive("queryTarget")) {
-        (Some(q), Some(t)) => Some(RawQuery {
-            query: q.to_string(),
-            target: t,
-        }),
-        (Some(_), None) => {
-            if r.text("queryTarget").is_none() {
-                r.bad("queryTarget", "required with query");
-            }
-            None
-        }
-        (None, Some(_)) => {
-            r.bad("queryTarget", "only applies with query");
-            None
-        }
-        (None, None) => None,
-    };
-    if r.text("query").is_some() && any_target {
-        r.bad(
-            "query",
-            "replaces the signal targets; remove waitingTarget/runningTarget/kvCacheTarget/generationTokensTarget",
-        );
-    }
-    if r.text("query").is_none() && !any_target && !r.problems.iter().any(|p| p.contains("Target:"))
-    {
-        r.problems.push(
-            "waitingTarget, runningTarget, kvCacheTarget, generationTokensTarget: set at least one per-replica target (or query with queryTarget)".into(),
-        );
-    }
-    let activation_threshold = r.non_negative("activationThreshold", 0.0);
-    let empty_result = match r.text("emptyResult") {
-        None => EmptyResult::Error,
-        Some(v) if v.eq_ignore_ascii_case("error") => EmptyResult::Error,
-        Some(v) if v.eq_ignore_ascii_case("zero") => EmptyResult::Zero,
-        Some(v) => {
-            r.bad("emptyResult", format!("{v:?} must be error or zero"));
-            EmptyResult::Error
-        }
-    };
-
-    let selection = Selection {
-        namespace: Some(namespace),
-        model,
-    };
-    match source {
-        Some(source) if r.problems.is_empty() => Ok(TriggerConfig {
-            selection: match &source {
-                // Direct scrapes already target the right pods.
-                Source::Scrape(_) => Selection {
-                    namespace: None,
-                    model: selection.model,
-                },
-                Source::Prometheus { .. } => selection,
-            },
-            source,
-            targets,
-            query,
-            activation_threshold,
-            empty_result,
-            rate_window,
-        }),
-        _ => {
-            let mut problems = r.problems;
-            problems.sort();
-            Err(MetadataError { problems })
-        }
     }
 }
 
@@ -786,6 +812,36 @@ mod tests {
         }
     }
 
+    /// A default the key table documents as a value is what leaving the key out means.
+    #[test]
+    fn documented_defaults_are_the_parsers() {
+        let prometheus = [
+            ("serverAddress", "http://prom:9090"),
+            ("waitingTarget", "5"),
+        ];
+        let service = [("service", "llama-vllm"), ("waitingTarget", "5")];
+        for key in keys::KEYS {
+            let keys::KeyDefault::Literal(value) = key.default else {
+                continue;
+            };
+            let bases: &[&[(&str, &str)]] = match key.applies {
+                keys::Applies::All => &[&prometheus, &service],
+                keys::Applies::Prometheus => &[&prometheus],
+                keys::Applies::Scrape | keys::Applies::Service => &[&service],
+            };
+            for base in bases {
+                let mut explicit = meta(base);
+                explicit.insert(key.name.to_string(), value.to_string());
+                assert_eq!(
+                    parse(&explicit, "team-a"),
+                    Ok(ok(base)),
+                    "{}: {value}",
+                    key.name
+                );
+            }
+        }
+    }
+
     #[test]
     fn all_problems_are_reported_at_once() {
         let e = err(&[
@@ -798,11 +854,5 @@ mod tests {
             e.contains("waitingTarget") && e.contains("timeout") && e.contains("foo"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn promql_durations() {
-        assert_eq!(promql_duration(Duration::from_secs(60)), "60s");
-        assert_eq!(promql_duration(Duration::from_millis(1500)), "1500ms");
     }
 }
