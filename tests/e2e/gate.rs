@@ -149,14 +149,22 @@ async fn scenario(c: &Cluster) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
 
-    // The window closes: nightshift removes every mark.
+    // The window closes (nightshift says so in `nightshift_pool_lending_open`), and no node is
+    // marked: the spare nodes are full by now, so marks alone would not tell a closed window.
     let t = Instant::now();
-    wait_marks_within(
-        c,
-        "no spare node once the window closed",
-        OPEN_FOR + STEP,
-        |m| m.values().all(Option::is_none),
-    )
+    let admin = ns.admin_api();
+    wait::until("the lending window to close", OPEN_FOR + STEP, || async {
+        let open = admin.metric("nightshift_pool_lending_open").await?;
+        Ok(if open == 0.0 {
+            Check::Done(())
+        } else {
+            Check::Pending(format!("nightshift_pool_lending_open {open}"))
+        })
+    })
+    .await?;
+    wait_marks(c, "no spare node while the window is closed", |m| {
+        m.values().all(Option::is_none)
+    })
     .await?;
     let closed_at = Instant::now();
     eprintln!(
@@ -227,7 +235,7 @@ fn windows_around(now: Timestamp, open_for: Duration, closed_for: Duration) -> R
 }
 
 /// Spare-GPU marks of the pool nodes: node name → `Some(spare GPUs)` when marked spare.
-async fn marks(c: &Cluster) -> Result<BTreeMap<String, Option<String>>> {
+pub async fn marks(c: &Cluster) -> Result<BTreeMap<String, Option<String>>> {
     let nodes: Api<Node> = Api::all(c.client.clone());
     let list = nodes
         .list(&ListParams::default().labels(POOL_LABEL))
@@ -244,7 +252,7 @@ async fn marks(c: &Cluster) -> Result<BTreeMap<String, Option<String>>> {
         .collect())
 }
 
-async fn wait_marks(
+pub async fn wait_marks(
     c: &Cluster,
     what: &str,
     ok: impl Fn(&BTreeMap<String, Option<String>>) -> bool,

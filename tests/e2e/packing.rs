@@ -32,6 +32,10 @@ const RESEARCH_PODS: u32 = 20;
 const INFERENCE_REPLICAS: i32 = 2;
 const INFERENCE_GPUS: u32 = 4;
 const STEP: Duration = Duration::from_secs(60);
+/// CPU and memory per one-GPU trainer: 6 of the node's 64 CPUs and 48 of its 512 GiB, the
+/// share of one of its 8 GPUs (with room left for the system).
+const TRAINER_CPU: &str = "6";
+const TRAINER_MEMORY: &str = "48Gi";
 
 /// What one run left on the pool.
 struct Layout {
@@ -96,13 +100,16 @@ async fn one_run(c: &Cluster, label: &str, extra: &[String]) -> Result<Layout> {
         .await?;
     c.create_namespace(INFERENCE_NS, json!({})).await?;
     wait_webhook_active(c, RESEARCH_NS).await?;
+    // Every node lent before research arrives: otherwise the first pods go where the first
+    // marks happen to be, and the layout says nothing about scoring.
+    crate::gate::wait_marks(c, "every pool node marked spare", |m| {
+        m.values().all(Option::is_some)
+    })
+    .await?;
 
     let t = Instant::now();
     Api::<Job>::namespaced(client.clone(), RESEARCH_NS)
-        .create(
-            &PostParams::default(),
-            &objects::research_job("train", RESEARCH_PODS as i32, false)?,
-        )
+        .create(&PostParams::default(), &trainer_job()?)
         .await?;
     wait_pods(
         c,
@@ -168,6 +175,19 @@ async fn one_run(c: &Cluster, label: &str, extra: &[String]) -> Result<Layout> {
         whole_replica_nodes,
         preempted,
     })
+}
+
+/// The research Job: one-GPU trainers that also ask for the CPU and memory a real trainer does
+/// (a share of an 8-GPU, 64-CPU node per GPU), so that the default profile's CPU/memory scoring
+/// acts as it does in production.
+fn trainer_job() -> Result<Job> {
+    let mut job =
+        serde_json::to_value(objects::research_job("train", RESEARCH_PODS as i32, false)?)?;
+    job["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] =
+        json!(TRAINER_CPU);
+    job["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"] =
+        json!(TRAINER_MEMORY);
+    Ok(serde_json::from_value(job)?)
 }
 
 /// The fewest research pods the scale-up must preempt given the layout: replicas go to nodes
