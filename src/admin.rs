@@ -22,6 +22,9 @@ use clap::Args;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
+/// Prefix of every metric nightshift exports on `/metrics`.
+pub const METRICS_PREFIX: &str = "nightshift";
+
 /// Content type of the Prometheus/OpenMetrics text exposition that `prometheus-client` encodes.
 const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 

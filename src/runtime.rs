@@ -15,9 +15,6 @@ use crate::{
     tls,
 };
 
-/// Prefix of every metric nightshift exports.
-pub const METRICS_PREFIX: &str = "nightshift";
-
 /// What components need while they are being started: the metrics registry to register into,
 /// readiness conditions, admin routes to add, an optional Kubernetes client and the supervisor
 /// to spawn their tasks on.
@@ -34,7 +31,7 @@ pub struct Context {
 impl Context {
     /// A context with no routes and a registry holding only the TLS metrics.
     pub fn new(kube: Option<kube::Client>) -> Self {
-        let mut registry = Registry::with_prefix(METRICS_PREFIX);
+        let mut registry = Registry::with_prefix(admin::METRICS_PREFIX);
         let tls_metrics = tls::Metrics::default();
         tls_metrics.register(&mut registry);
         Self {
