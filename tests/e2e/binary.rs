@@ -419,6 +419,13 @@ pub async fn delete_namespaces_now(c: &Cluster, names: &[&str]) -> Result<()> {
         .collect()
 }
 
+/// Leaves the pool as a lending scenario found it: its namespaces deleted (pods ended at once)
+/// and no spare mark left behind by the nightshift it ran.
+pub async fn clean_pool(c: &Cluster, namespaces: &[&str]) -> Result<()> {
+    let deleted = delete_namespaces_now(c, namespaces).await;
+    deleted.and(remove_spare_marks(c))
+}
+
 /// Runs `nightshift certs generate --dir <dir>`: a CA (kept if present) and a serving
 /// certificate for localhost/127.0.0.1 (the defaults).
 pub fn generate_certs(dir: &Path) -> Result<()> {

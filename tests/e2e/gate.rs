@@ -50,9 +50,7 @@ const INFERENCE_GPUS: u32 = 4;
 pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
     let c = &*cluster;
     let result = scenario(c).await;
-    let cleanup = binary::delete_namespaces_now(c, &[RESEARCH_NS, INFERENCE_NS]).await;
-    let unmark = binary::remove_spare_marks(c);
-    result.and(cleanup).and(unmark)
+    result.and(binary::clean_pool(c, &[RESEARCH_NS, INFERENCE_NS]).await)
 }
 
 async fn scenario(c: &Cluster) -> Result<()> {

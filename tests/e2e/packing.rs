@@ -50,9 +50,7 @@ struct Layout {
 pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
     let c = &*cluster;
     let result = scenario(c).await;
-    let cleanup = binary::delete_namespaces_now(c, &[RESEARCH_NS, INFERENCE_NS]).await;
-    let unmark = binary::remove_spare_marks(c);
-    result.and(cleanup).and(unmark)
+    result.and(binary::clean_pool(c, &[RESEARCH_NS, INFERENCE_NS]).await)
 }
 
 async fn scenario(c: &Cluster) -> Result<()> {
@@ -168,8 +166,7 @@ async fn one_run(c: &Cluster, label: &str, extra: &[String]) -> Result<Layout> {
     ns.check_running()?;
     drop(ns);
     drop(registration);
-    binary::delete_namespaces_now(c, &[RESEARCH_NS, INFERENCE_NS]).await?;
-    binary::remove_spare_marks(c)?;
+    binary::clean_pool(c, &[RESEARCH_NS, INFERENCE_NS]).await?;
     Ok(Layout {
         research_per_node,
         whole_replica_nodes,
