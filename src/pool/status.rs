@@ -146,6 +146,16 @@ impl StatusReport {
     /// The report as readable tables.
     pub fn render(&self) -> String {
         let mut out = String::new();
+        self.render_summary(&mut out);
+        self.render_nodes(&mut out);
+        self.render_research_pods(&mut out);
+        self.render_disruptions(&mut out);
+        self.render_namespaces(&mut out);
+        out
+    }
+
+    /// Appends the totals line and who writes the marks.
+    fn render_summary(&self, out: &mut String) {
         let t = &self.totals;
         let lending = if self.lending_open { "open" } else { "closed" };
         let _ = writeln!(
@@ -170,6 +180,10 @@ impl StatusReport {
             None => {}
         }
         out.push('\n');
+    }
+
+    /// Appends one row per pool node.
+    fn render_nodes(&self, out: &mut String) {
         let rows: Vec<Vec<String>> = self
             .nodes
             .iter()
@@ -187,7 +201,7 @@ impl StatusReport {
             })
             .collect();
         table(
-            &mut out,
+            out,
             &[
                 "NODE",
                 "GPUS",
@@ -200,6 +214,10 @@ impl StatusReport {
             ],
             &rows,
         );
+    }
+
+    /// Appends the research pods.
+    fn render_research_pods(&self, out: &mut String) {
         let _ = writeln!(out, "\nResearch pods ({}):", self.research_pods.len());
         if !self.research_pods.is_empty() {
             let rows: Vec<Vec<String>> = self
@@ -218,7 +236,7 @@ impl StatusReport {
                 })
                 .collect();
             table(
-                &mut out,
+                out,
                 &[
                     "NAMESPACE",
                     "POD",
@@ -231,6 +249,10 @@ impl StatusReport {
                 &rows,
             );
         }
+    }
+
+    /// Appends recent preemptions and evictions, with the work each lost.
+    fn render_disruptions(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "\nRecent preemptions and evictions ({}):",
@@ -254,7 +276,7 @@ impl StatusReport {
                 })
                 .collect();
             table(
-                &mut out,
+                out,
                 &[
                     "AT (UTC)",
                     "NAMESPACE",
@@ -268,6 +290,10 @@ impl StatusReport {
                 &rows,
             );
         }
+    }
+
+    /// Appends research by namespace.
+    fn render_namespaces(&self, out: &mut String) {
         if !self.namespaces.is_empty() {
             let _ = writeln!(out, "\nResearch by namespace (since this replica started):");
             let rows: Vec<Vec<String>> = self
@@ -284,7 +310,7 @@ impl StatusReport {
                 })
                 .collect();
             table(
-                &mut out,
+                out,
                 &[
                     "NAMESPACE",
                     "GPUS NOW",
@@ -295,7 +321,6 @@ impl StatusReport {
                 &rows,
             );
         }
-        out
     }
 }
 
