@@ -79,8 +79,8 @@ impl ExternalScaler for ScalerService {
         request: Request<ScaledObjectRef>,
     ) -> Result<Response<Self::StreamIsActiveStream>, Status> {
         let so = request.into_inner();
-        // Reject bad metadata up front rather than on the stream.
-        super::metadata::parse(&so.scaler_metadata, &so.namespace).map_err(Error::from)?;
+        // Reject bad metadata and refused sources up front rather than on the stream.
+        self.scaler.admit(&so.namespace, &so.scaler_metadata)?;
         // One message in flight is enough: only transitions are sent.
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         let this = self.clone();
@@ -127,8 +127,7 @@ impl ExternalScaler for ScalerService {
     ) -> Result<Response<GetMetricSpecResponse>, Status> {
         let started = Instant::now();
         let so = request.get_ref();
-        let parsed =
-            super::metadata::parse(&so.scaler_metadata, &so.namespace).map_err(Error::from);
+        let parsed = self.scaler.admit(&so.namespace, &so.scaler_metadata);
         let code = parsed
             .as_ref()
             .map_or_else(Error::code, |_| tonic::Code::Ok);

@@ -15,7 +15,7 @@ use nightshift::{
             },
         },
     },
-    sources::metrics::SourceMetrics,
+    sources::{metrics::SourceMetrics, policy::Policy},
     tls::ServerTls,
 };
 use prometheus_client::registry::Registry;
@@ -40,7 +40,8 @@ impl Drop for ScalerUnderTest {
 }
 
 impl ScalerUnderTest {
-    /// Plaintext scaler with the given cache TTL.
+    /// Plaintext scaler with the given cache TTL, allowed to reach the emulators and servers the
+    /// tests run on loopback (what a development setup allows with the policy flags).
     pub async fn start(cache_ttl: Duration) -> Self {
         Self::start_with(cache_ttl, Duration::from_millis(50), None).await
     }
@@ -49,6 +50,16 @@ impl ScalerUnderTest {
         cache_ttl: Duration,
         stream_interval: Duration,
         tls: Option<Arc<ServerTls>>,
+    ) -> Self {
+        Self::start_with_policy(cache_ttl, stream_interval, tls, Policy::permissive()).await
+    }
+
+    /// A plaintext scaler under `policy`.
+    pub async fn start_with_policy(
+        cache_ttl: Duration,
+        stream_interval: Duration,
+        tls: Option<Arc<ServerTls>>,
+        policy: Policy,
     ) -> Self {
         nightshift::install_crypto_provider();
         let stop = CancellationToken::new();
@@ -62,6 +73,7 @@ impl ScalerUnderTest {
                 Options {
                     cache_ttl,
                     stream_interval,
+                    policy,
                 },
                 None,
                 source_metrics,

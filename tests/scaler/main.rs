@@ -6,5 +6,6 @@ mod fake_prometheus;
 mod grpc;
 mod harness;
 mod logs;
+mod policy;
 mod real_prometheus;
 mod tls;
