@@ -471,7 +471,7 @@ pub async fn start(args: ScalerArgs, ctx: &mut Context) -> Result<(), StartError
     }
     ctx.supervisor.spawn("scaler", async move {
         ready.set(true);
-        service::serve(listener, scaler, tls, token).await?;
+        service::serve(listener, scaler, tls, service::Limits::default(), token).await?;
         Ok(())
     });
     Ok(())

@@ -61,6 +61,24 @@ impl ScalerUnderTest {
         tls: Option<Arc<ServerTls>>,
         policy: Policy,
     ) -> Self {
+        Self::start_full(
+            cache_ttl,
+            stream_interval,
+            tls,
+            policy,
+            service::Limits::default(),
+        )
+        .await
+    }
+
+    /// A scaler under `policy` and listener `limits`.
+    pub async fn start_full(
+        cache_ttl: Duration,
+        stream_interval: Duration,
+        tls: Option<Arc<ServerTls>>,
+        policy: Policy,
+        limits: service::Limits,
+    ) -> Self {
         nightshift::install_crypto_provider();
         let stop = CancellationToken::new();
         let mut registry = Registry::with_prefix("nightshift");
@@ -88,7 +106,7 @@ impl ScalerUnderTest {
         let addr = listener.local_addr().expect("addr");
         let (s, t) = (scaler.clone(), stop.clone());
         tokio::spawn(async move {
-            if let Err(e) = service::serve(listener, s, tls, t).await {
+            if let Err(e) = service::serve(listener, s, tls, limits, t).await {
                 eprintln!("scaler server failed: {e}");
             }
         });

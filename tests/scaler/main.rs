@@ -5,6 +5,7 @@ mod emulator;
 mod fake_prometheus;
 mod grpc;
 mod harness;
+mod limits;
 mod logs;
 mod policy;
 mod real_prometheus;
