@@ -181,7 +181,7 @@ impl Server {
             let shutdown = shutdown.clone();
             async move {
                 let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-                server::serve(listener, tls, router, shutdown).await
+                server::serve(listener, tls, router, server::Limits::default(), shutdown).await
             }
         });
         Self {

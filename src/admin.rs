@@ -9,6 +9,7 @@ use std::{
     collections::BTreeMap,
     net::SocketAddr,
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use axum::{
@@ -21,6 +22,8 @@ use axum::{
 use clap::Args;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
+
+use crate::listen::{self, HttpLimits};
 
 /// Prefix of every metric nightshift exports on `/metrics`.
 pub const METRICS_PREFIX: &str = "nightshift";
@@ -45,8 +48,6 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    #[error("admin server failed: {0}")]
-    Serve(#[source] std::io::Error),
 }
 
 /// Named readiness conditions. `/readyz` answers 200 only when every registered condition is
@@ -151,19 +152,51 @@ pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, Error> {
         .map_err(|source| Error::Bind { addr, source })
 }
 
-/// Serves `router` on `listener` until `shutdown` is cancelled, then drains open requests.
+/// The admin server's limits (docs/security.md, "Listener limits").
+pub fn limits() -> (usize, HttpLimits) {
+    (
+        // Prometheus (one or two replicas), the kubelet's probes and a person with curl: 64
+        // connections is plenty and bounds what a client opening connections in a loop holds.
+        64,
+        HttpLimits {
+            // Scrapers and probes send their headers at once; 30 s also closes idle keep-alive
+            // connections well after Prometheus' usual 15-60 s scrape interval would reuse them.
+            header_read: Duration::from_secs(30),
+            // Every route answers from memory; the kubelet's probe gives up after 1 s and a
+            // Prometheus scrape after 10 s by default.
+            request: Duration::from_secs(10),
+            // Nothing here needs more than a handful of concurrent requests per connection.
+            max_streams: 16,
+            keep_alive_interval: Duration::from_secs(30),
+            keep_alive_timeout: Duration::from_secs(20),
+        },
+    )
+}
+
+/// Serves `router` on `listener` until `shutdown`, within [`limits`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
+    let (max_connections, http) = limits();
+    serve_with(listener, router, max_connections, http, shutdown).await;
+    Ok(())
+}
+
+/// Serves `router` on `listener` with at most `max_connections` open and `http`'s time limits.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    max_connections: usize,
+    http: HttpLimits,
+    shutdown: CancellationToken,
+) {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "admin server listening");
     }
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
-        .map_err(Error::Serve)
+    let incoming = listen::accept(listener, max_connections, shutdown.clone(), "admin");
+    listen::serve_http(incoming, router, http, shutdown).await;
 }
 
 #[cfg(test)]
@@ -210,6 +243,47 @@ mod tests {
         let (status, body) = get_status(app, "/metrics").await;
         assert_eq!(status, StatusCode::OK);
         assert!(body.contains("nightshift_things_total 1"), "{body}");
+    }
+
+    /// One connection place, a 300 ms header timeout: an idle connection holds the place, a
+    /// second waits (not refused) until the idle one is closed for sending no headers.
+    #[tokio::test]
+    async fn idle_connections_are_closed_and_excess_ones_wait() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let stop = CancellationToken::new();
+        let (_, mut http) = limits();
+        http.header_read = std::time::Duration::from_millis(300);
+        let app = router(Arc::new(Registry::default()), Readiness::default());
+        tokio::spawn(serve_with(listener, app, 1, http, stop.clone()));
+        let _stop = stop.drop_guard();
+
+        let started = std::time::Instant::now();
+        let mut idle = tokio::net::TcpStream::connect(addr).await.expect("idle");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let mut next = tokio::net::TcpStream::connect(addr).await.expect("next");
+        next.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("write");
+        let deadline = std::time::Duration::from_secs(10);
+        let mut answer = Vec::new();
+        tokio::time::timeout(deadline, next.read_to_end(&mut answer))
+            .await
+            .expect("answered in time")
+            .expect("read");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            started.elapsed() >= std::time::Duration::from_millis(300),
+            "served before the idle connection was closed: {:?}",
+            started.elapsed()
+        );
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(deadline, idle.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "the idle connection is closed");
     }
 
     #[tokio::test]

@@ -24,6 +24,7 @@ pub mod cli;
 pub mod cluster;
 pub mod demand;
 pub mod duration;
+pub mod listen;
 pub mod pool;
 pub mod runtime;
 pub mod scaler;

@@ -11,7 +11,11 @@ use std::net::SocketAddr;
 use tonic::{Code, Status};
 
 use super::metadata::MetadataError;
-use crate::{demand::DemandError, sources::SourceError, tls};
+use crate::{
+    demand::DemandError,
+    sources::{SourceError, policy::Denied},
+    tls,
+};
 
 /// Everything that can go wrong answering KEDA.
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +23,9 @@ pub enum Error {
     /// The trigger's metadata is invalid.
     #[error(transparent)]
     Metadata(#[from] MetadataError),
+    /// The source policy refuses the trigger's source.
+    #[error(transparent)]
+    Denied(#[from] Denied),
     /// The metric source failed.
     #[error(transparent)]
     Source(#[from] SourceError),
@@ -49,12 +56,14 @@ impl Error {
     pub fn code(&self) -> Code {
         match self {
             Error::Metadata(_) => Code::InvalidArgument,
+            Error::Denied(_) => Code::PermissionDenied,
             Error::Source(e) => match e {
                 SourceError::Unavailable { .. } => Code::Unavailable,
                 SourceError::Timeout { .. } => Code::DeadlineExceeded,
                 SourceError::Garbage { .. } => Code::Internal,
                 SourceError::Rejected { .. } => Code::InvalidArgument,
                 SourceError::NotConfigured(_) => Code::FailedPrecondition,
+                SourceError::Denied(_) => Code::PermissionDenied,
             },
             Error::Empty { .. } => Code::NotFound,
             Error::WarmingUp { .. } => Code::Unavailable,

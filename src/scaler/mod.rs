@@ -31,7 +31,11 @@ use crate::{
     demand::{self, Signal},
     runtime::Context,
     sources::{
-        Selection, discovery::Discovery, metrics::SourceMetrics, prometheus::PrometheusSource,
+        Selection,
+        discovery::Discovery,
+        metrics::SourceMetrics,
+        policy::{Namespaces, Policy},
+        prometheus::PrometheusSource,
         scrape::ScrapeSource,
     },
     tls::{Metrics as TlsMetrics, ServerTls},
@@ -74,6 +78,66 @@ pub struct ScalerArgs {
     /// How often the TLS files are checked for rotation.
     #[arg(long, env = "NIGHTSHIFT_SCALER_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = crate::duration::parse_duration)]
     pub scaler_tls_reload_interval: Duration,
+
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+}
+
+/// Which upstreams ScaledObjects may make the scaler call (docs/security.md). Their authors are
+/// untrusted; the defaults deny what would let them reach what they could not reach themselves.
+#[derive(Clone, Debug, Args)]
+pub struct PolicyArgs {
+    /// Prometheus base URLs a trigger's `serverAddress` may be (or be under), comma-separated;
+    /// `*` allows any. The default is the platform Prometheus the manifests and docs name.
+    #[arg(
+        long,
+        env = "NIGHTSHIFT_SCALER_ALLOWED_PROMETHEUS",
+        value_delimiter = ',',
+        default_value = "http://prometheus.monitoring:9090"
+    )]
+    pub scaler_allowed_prometheus: Vec<String>,
+
+    /// Namespaces, besides the ScaledObject's own, whose Services a trigger may scrape,
+    /// comma-separated; `*` allows any. Empty: own namespace only.
+    #[arg(
+        long,
+        env = "NIGHTSHIFT_SCALER_SCRAPE_NAMESPACES",
+        value_delimiter = ','
+    )]
+    pub scaler_scrape_namespaces: Vec<String>,
+
+    /// Accept `endpoints` (a static list of pod IP:port) in triggers. Off by default: a list of
+    /// addresses cannot be tied to the ScaledObject's namespace; `service` can.
+    #[arg(long, env = "NIGHTSHIFT_SCALER_ALLOW_ENDPOINTS")]
+    pub scaler_allow_endpoints: bool,
+
+    /// Let triggers reach loopback and unspecified addresses (127.0.0.0/8, ::1, 0.0.0.0,
+    /// `localhost`): the scaler's own pod. For tests and local development.
+    #[arg(long, env = "NIGHTSHIFT_SCALER_ALLOW_LOOPBACK")]
+    pub scaler_allow_loopback: bool,
+
+    /// Let triggers reach link-local addresses (169.254.0.0/16, fe80::/10), where clouds serve
+    /// instance metadata and credentials.
+    #[arg(long, env = "NIGHTSHIFT_SCALER_ALLOW_LINK_LOCAL")]
+    pub scaler_allow_link_local: bool,
+}
+
+impl PolicyArgs {
+    /// The source policy these flags describe.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            prometheus: self
+                .scaler_allowed_prometheus
+                .iter()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            namespaces: Namespaces::from_list(&self.scaler_scrape_namespaces),
+            endpoints: self.scaler_allow_endpoints,
+            loopback: self.scaler_allow_loopback,
+            link_local: self.scaler_allow_link_local,
+        }
+    }
 }
 
 /// Options of the scaler core.
@@ -81,6 +145,8 @@ pub struct ScalerArgs {
 pub struct Options {
     pub cache_ttl: Duration,
     pub stream_interval: Duration,
+    /// Which upstreams ScaledObjects may make the scaler call.
+    pub policy: Policy,
 }
 
 /// Name of the metric in `GetMetricSpec`/`GetMetrics` (KEDA prefixes it with `s{index}-`).
@@ -119,9 +185,10 @@ impl Scaler {
         shutdown: CancellationToken,
     ) -> Result<Self, StartError> {
         let discovery = Arc::new(Discovery::new(kube, shutdown.clone()));
+        let policy = Arc::new(options.policy.clone());
         Ok(Self {
             prometheus: PrometheusSource::new(options.cache_ttl, source_metrics.clone()),
-            scrape: ScrapeSource::new(options.cache_ttl, discovery, source_metrics)?,
+            scrape: ScrapeSource::new(options.cache_ttl, discovery, source_metrics, policy)?,
             decisions: Decisions::default(),
             metrics,
             options,
@@ -149,6 +216,22 @@ impl Scaler {
         &self.shutdown
     }
 
+    /// A ScaledObject's trigger, parsed and checked against the source policy: what every RPC
+    /// does first, so a refused source is refused before any request is sent.
+    pub fn admit(
+        &self,
+        namespace: &str,
+        raw_metadata: &std::collections::HashMap<String, String>,
+    ) -> Result<TriggerConfig, Error> {
+        let config = metadata::parse(raw_metadata, namespace)?;
+        let policy = &self.options.policy;
+        match &config.source {
+            Source::Prometheus { server, .. } => policy.check_prometheus(server)?,
+            Source::Scrape(target) => policy.check_scrape(target, namespace)?,
+        }
+        Ok(config)
+    }
+
     /// Evaluates a ScaledObject's trigger and records the explanation.
     pub async fn evaluate(
         &self,
@@ -156,7 +239,7 @@ impl Scaler {
         name: &str,
         raw_metadata: &std::collections::HashMap<String, String>,
     ) -> Result<Evaluation, Error> {
-        let config = metadata::parse(raw_metadata, namespace)?;
+        let config = self.admit(namespace, raw_metadata)?;
         let mut explanation = Explanation {
             namespace: namespace.to_string(),
             name: name.to_string(),
@@ -357,6 +440,7 @@ pub async fn start(args: ScalerArgs, ctx: &mut Context) -> Result<(), StartError
         Options {
             cache_ttl: scaler_cache_ttl,
             stream_interval: scaler_stream_interval,
+            policy: args.policy.policy(),
         },
         ctx.kube.clone(),
         source_metrics,
@@ -387,7 +471,7 @@ pub async fn start(args: ScalerArgs, ctx: &mut Context) -> Result<(), StartError
     }
     ctx.supervisor.spawn("scaler", async move {
         ready.set(true);
-        service::serve(listener, scaler, tls, token).await?;
+        service::serve(listener, scaler, tls, service::Limits::default(), token).await?;
         Ok(())
     });
     Ok(())

@@ -2,18 +2,77 @@
 //! `grpc.health.v1` service beside it, optional TLS/mTLS. Thin on purpose: every RPC parses the
 //! request, calls the scaler, and maps errors once through [`Error`]'s `Status` conversion.
 
-use std::{pin::Pin, sync::Arc, time::Instant};
+use std::{
+    pin::Pin,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use futures::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::{
-    Request, Response, Status,
-    transport::{Server, server::TcpIncoming},
+use tonic::{Request, Response, Status, transport::Server};
+
+use super::{Evaluation, METRIC_NAME, Scaler, StartError, error::Error, metadata};
+use crate::{
+    demand::METRIC_TARGET,
+    listen,
+    tls::{AcceptLimits, ServerTls},
 };
 
-use super::{Error, Evaluation, METRIC_NAME, Scaler, StartError};
-use crate::{demand::METRIC_TARGET, tls::ServerTls};
+/// The gRPC server's limits (docs/security.md, "Listener limits").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections open at once (TLS: handshaking included); more wait in the kernel backlog.
+    pub max_connections: usize,
+    /// TLS handshakes in flight and how long one may take.
+    pub max_handshakes: usize,
+    pub handshake_timeout: Duration,
+    /// Largest request message accepted; larger ones are refused with `OUT_OF_RANGE`.
+    pub max_message_bytes: usize,
+    /// HTTP/2 streams one connection may have open at once (each `StreamIsActive` holds one).
+    pub max_streams: u32,
+    /// Requests one connection may have in evaluation at once; more wait.
+    pub concurrency_per_connection: usize,
+    /// Bound on one RPC until its answer (a stream: until it starts).
+    pub rpc_timeout: Duration,
+    /// HTTP/2 ping interval on idle connections, and how long an answer may take.
+    pub keep_alive_interval: Duration,
+    pub keep_alive_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            // KEDA's operator keeps one connection per scaler address (and the metrics server
+            // one more); kubelet gRPC probes open one each. 256 is far above that and bounds
+            // file descriptors and memory against a client that opens connections in a loop.
+            max_connections: 256,
+            // As the webhook: a handshake costs a signature; a burst must not starve RPCs.
+            max_handshakes: 32,
+            // KEDA completes a handshake in milliseconds.
+            handshake_timeout: Duration::from_secs(10),
+            // A ScaledObjectRef is a name and its trigger metadata: a few KiB, a CA bundle in
+            // `prometheusCaCert` at most a few hundred. 1 MiB (tonic's default is 4 MiB) leaves
+            // room for that and refuses anything built to exhaust memory.
+            max_message_bytes: 1 << 20,
+            // One StreamIsActive per push-type ScaledObject rides KEDA's single connection; a
+            // thousand is beyond the ScaledObjects one operator serves. grpc-go clients queue
+            // streams above the server's limit instead of failing them.
+            max_streams: 1024,
+            // Unary RPCs of one connection evaluated at once; KEDA polls each ScaledObject every
+            // 30 s by default, so 256 in flight is thousands of ScaledObjects, and a client
+            // flooding RPCs queues behind its own connection's limit.
+            concurrency_per_connection: 256,
+            // An evaluation is at most two scrape passes (the warm-up of token rates), each
+            // bounded by the trigger's timeout (at most 60 s), plus the 1 s gap between them.
+            rpc_timeout: 2 * metadata::MAX_TIMEOUT + Duration::from_secs(5),
+            // As the webhook's HTTP/2: dead peers are found within a minute.
+            keep_alive_interval: Duration::from_secs(30),
+            keep_alive_timeout: Duration::from_secs(20),
+        }
+    }
+}
 
 /// Code generated from `proto/externalscaler.proto`.
 pub mod proto {
@@ -79,8 +138,8 @@ impl ExternalScaler for ScalerService {
         request: Request<ScaledObjectRef>,
     ) -> Result<Response<Self::StreamIsActiveStream>, Status> {
         let so = request.into_inner();
-        // Reject bad metadata up front rather than on the stream.
-        super::metadata::parse(&so.scaler_metadata, &so.namespace).map_err(Error::from)?;
+        // Reject bad metadata and refused sources up front rather than on the stream.
+        self.scaler.admit(&so.namespace, &so.scaler_metadata)?;
         // One message in flight is enough: only transitions are sent.
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         let this = self.clone();
@@ -127,8 +186,7 @@ impl ExternalScaler for ScalerService {
     ) -> Result<Response<GetMetricSpecResponse>, Status> {
         let started = Instant::now();
         let so = request.get_ref();
-        let parsed =
-            super::metadata::parse(&so.scaler_metadata, &so.namespace).map_err(Error::from);
+        let parsed = self.scaler.admit(&so.namespace, &so.scaler_metadata);
         let code = parsed
             .as_ref()
             .map_or_else(Error::code, |_| tonic::Code::Ok);
@@ -182,13 +240,14 @@ impl ExternalScaler for ScalerService {
     }
 }
 
-/// Serves the scaler and the health service on `listener` until `shutdown` is cancelled; over
-/// TLS (reloaded from disk, see [`ServerTls`]) when `tls` is given: tonic serves the stream of
-/// connections that [`crate::tls::incoming`] has handshaken.
+/// Serves the scaler and the health service on `listener` within `limits` until `shutdown` is
+/// cancelled; over TLS (reloaded from disk, see [`ServerTls`]) when `tls` is given: tonic serves
+/// the stream of connections that [`crate::tls::incoming`] has handshaken.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     scaler: Arc<Scaler>,
     tls: Option<Arc<ServerTls>>,
+    limits: Limits,
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
     let addr = listener.local_addr().ok();
@@ -199,21 +258,33 @@ pub async fn serve(
     let mode = tls.as_ref().map_or("plaintext", |t| t.mode());
     tracing::info!(addr = ?addr, mode, "scaler gRPC server listening");
     let router = Server::builder()
+        .max_concurrent_streams(Some(limits.max_streams))
+        .concurrency_limit_per_connection(limits.concurrency_per_connection)
+        .timeout(limits.rpc_timeout)
+        .http2_keepalive_interval(Some(limits.keep_alive_interval))
+        .http2_keepalive_timeout(Some(limits.keep_alive_timeout))
         .add_service(health_service)
-        .add_service(ExternalScalerServer::new(ScalerService::new(scaler)));
+        .add_service(
+            ExternalScalerServer::new(ScalerService::new(scaler))
+                .max_decoding_message_size(limits.max_message_bytes),
+        );
     let served = match tls {
         Some(tls) => {
-            let connections = crate::tls::incoming(tls, listener, shutdown.clone());
+            let accept = AcceptLimits {
+                max_connections: limits.max_connections,
+                max_handshakes: limits.max_handshakes,
+                handshake_timeout: limits.handshake_timeout,
+            };
+            let connections = crate::tls::incoming(tls, listener, accept, shutdown.clone());
             router
                 .serve_with_incoming_shutdown(connections, shutdown.cancelled())
                 .await
         }
         None => {
+            let connections =
+                listen::accept(listener, limits.max_connections, shutdown.clone(), "scaler");
             router
-                .serve_with_incoming_shutdown(
-                    TcpIncoming::from(listener).with_nodelay(Some(true)),
-                    shutdown.cancelled(),
-                )
+                .serve_with_incoming_shutdown(connections, shutdown.cancelled())
                 .await
         }
     };

@@ -50,6 +50,17 @@ pub enum ExpositionError {
     BadValue { metric: String, value: f64 },
 }
 
+impl ExpositionError {
+    /// The error without any text taken from the body (parser messages quote the offending
+    /// line), for messages that leave the process.
+    pub fn summary(&self) -> String {
+        match self {
+            ExpositionError::Parse(_) => "not Prometheus text format".into(),
+            ExpositionError::BadValue { .. } => self.to_string(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Acc {
     waiting: Option<f64>,

@@ -4,12 +4,14 @@
 //! Both produce the same thing: for each [`Signal`](crate::demand::Signal)'s metric family, a [`FamilyIndex`] of per-pod
 //! values already aggregated per (namespace, model). Fetches are shared between every ScaledObject that
 //! reads the same upstream ([`cache`]), so upstream load does not grow with their number.
-//! This module owns no demand logic: it only measures.
+//! This module owns no demand logic: it only measures. Which upstreams a ScaledObject may make
+//! it call is [`policy`]'s decision.
 
 pub mod cache;
 pub mod discovery;
 pub mod exposition;
 pub mod metrics;
+pub mod policy;
 pub mod prometheus;
 pub mod rates;
 pub mod scrape;
@@ -130,6 +132,27 @@ pub enum SourceError {
     /// The source cannot work in this deployment (e.g. service discovery without a cluster).
     #[error("{0}")]
     NotConfigured(String),
+    /// The source policy refuses an address the upstream named (e.g. an EndpointSlice's).
+    #[error(transparent)]
+    Denied(#[from] policy::Denied),
+}
+
+/// Longest upstream-provided text (a Prometheus error message) kept in an error: enough for
+/// a PromQL parse error's position and reason, too little to carry a response body out.
+const MAX_UPSTREAM_TEXT: usize = 200;
+
+/// Upstream-provided text as it may appear in an error: control characters replaced, cut at
+/// [`MAX_UPSTREAM_TEXT`] characters.
+pub fn bounded(text: &str) -> String {
+    let mut out: String = text
+        .chars()
+        .take(MAX_UPSTREAM_TEXT)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if text.chars().nth(MAX_UPSTREAM_TEXT).is_some() {
+        out.push('…');
+    }
+    out
 }
 
 impl SourceError {
@@ -141,6 +164,7 @@ impl SourceError {
             SourceError::Garbage { .. } => "garbage",
             SourceError::Rejected { .. } => "rejected",
             SourceError::NotConfigured(_) => "not_configured",
+            SourceError::Denied(_) => "denied",
         }
     }
 }
@@ -154,6 +178,16 @@ mod tests {
             namespace: ns.into(),
             model: model.into(),
         }
+    }
+
+    #[test]
+    fn upstream_text_is_bounded_and_single_line() {
+        assert_eq!(bounded("parse error\nat 3"), "parse error at 3");
+        let long = "x".repeat(10_000);
+        let cut = bounded(&long);
+        assert_eq!(cut.chars().count(), MAX_UPSTREAM_TEXT + 1);
+        assert!(cut.ends_with('…'));
+        assert_eq!(bounded(""), "");
     }
 
     #[test]

@@ -212,7 +212,9 @@ fn build_client(server: &Server) -> Result<Client, SourceError> {
     let mut builder = reqwest::Client::builder()
         .default_headers(headers)
         .timeout(server.timeout)
-        .connect_timeout(server.timeout);
+        .connect_timeout(server.timeout)
+        // A redirect would take the query, and its credentials, past the allow-list.
+        .redirect(reqwest::redirect::Policy::none());
     if let Some(pem) = &server.ca_cert {
         let certs = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
             .map_err(|e| bad("CA certificate", &e))?;
@@ -265,7 +267,7 @@ fn classify(server: &Server, query: &str, e: prometheus_http_query::Error) -> So
         prometheus_http_query::Error::Prometheus(p) if p.is_bad_data() => SourceError::Rejected {
             upstream,
             query: query.to_string(),
-            detail: p.message().to_string(),
+            detail: super::bounded(p.message()),
         },
         prometheus_http_query::Error::Prometheus(p) if p.is_timeout() => SourceError::Timeout {
             upstream,
@@ -273,7 +275,7 @@ fn classify(server: &Server, query: &str, e: prometheus_http_query::Error) -> So
         },
         prometheus_http_query::Error::Prometheus(p) => SourceError::Unavailable {
             upstream,
-            detail: p.to_string(),
+            detail: super::bounded(&p.to_string()),
         },
         prometheus_http_query::Error::Client(c) => {
             let inner = c.inner();
@@ -312,11 +314,12 @@ fn classify(server: &Server, query: &str, e: prometheus_http_query::Error) -> So
         }
         other => SourceError::Garbage {
             upstream,
-            detail: other.to_string(),
+            detail: super::bounded(&other.to_string()),
         },
     }
 }
 
+/// The error and its causes, bounded: a client error's cause can quote the body it failed on.
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
@@ -324,7 +327,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         let _ = write!(s, ": {inner}");
         cur = inner.source();
     }
-    s
+    super::bounded(&s)
 }
 
 fn index_from(server: &Server, labels: &Labels, data: Data) -> Result<FamilyIndex, SourceError> {

@@ -18,6 +18,7 @@ use super::{
     discovery::{Discovery, Endpoint},
     exposition::{self, PodReadings},
     metrics::SourceMetrics,
+    policy::{self, Denied, Policy},
     rates::CounterRates,
 };
 use crate::demand::PerSignal;
@@ -93,6 +94,7 @@ pub struct ScrapeSource {
     rates: Arc<RateBook>,
     epoch: Instant,
     metrics: SourceMetrics,
+    policy: Arc<Policy>,
 }
 
 /// Gap between the two scrapes of a target seen for the first time, so token rates exist
@@ -100,13 +102,17 @@ pub struct ScrapeSource {
 const WARMUP_GAP: Duration = Duration::from_millis(1000);
 
 impl ScrapeSource {
-    /// Scrape passes are reused for `ttl`.
+    /// Scrape passes are reused for `ttl`. Addresses a Service's EndpointSlices name are
+    /// checked against `policy` before they are scraped.
     pub fn new(
         ttl: Duration,
         discovery: Arc<Discovery>,
         metrics: SourceMetrics,
+        policy: Arc<Policy>,
     ) -> Result<Self, SourceError> {
         let http = reqwest::Client::builder()
+            // A pod answering with a redirect could send the scrape anywhere.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| SourceError::NotConfigured(format!("cannot build HTTP client: {e}")))?;
         Ok(Self {
@@ -116,6 +122,7 @@ impl ScrapeSource {
             rates: Arc::new(Mutex::new(HashMap::new())),
             epoch: Instant::now(),
             metrics,
+            policy,
         })
     }
 
@@ -127,6 +134,7 @@ impl ScrapeSource {
         let window = target.rate_window.as_secs_f64();
         let epoch = self.epoch;
         let metrics = self.metrics.clone();
+        let policy = self.policy.clone();
         let target_c = target.clone();
         self.cache
             .get_or_fetch(target, move || async move {
@@ -134,16 +142,19 @@ impl ScrapeSource {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .contains_key(&target_c);
-                let mut snapshot = scrape_pass(
-                    &http, &discovery, &target_c, &rates, window, epoch, &metrics,
-                )
-                .await?;
+                let pass = Pass {
+                    http: &http,
+                    discovery: &discovery,
+                    policy: &policy,
+                    rates: &rates,
+                    metrics: &metrics,
+                    window,
+                    epoch,
+                };
+                let mut snapshot = pass.run(&target_c).await?;
                 if first_time && snapshot.rates_warming_up {
                     tokio::time::sleep(WARMUP_GAP).await;
-                    snapshot = scrape_pass(
-                        &http, &discovery, &target_c, &rates, window, epoch, &metrics,
-                    )
-                    .await?;
+                    snapshot = pass.run(&target_c).await?;
                 }
                 Ok(snapshot)
             })
@@ -151,45 +162,77 @@ impl ScrapeSource {
     }
 }
 
-async fn scrape_pass(
-    http: &reqwest::Client,
-    discovery: &Discovery,
-    target: &Target,
-    rates: &RateBook,
+/// What one scrape pass needs.
+struct Pass<'a> {
+    http: &'a reqwest::Client,
+    discovery: &'a Discovery,
+    policy: &'a Policy,
+    rates: &'a RateBook,
+    metrics: &'a SourceMetrics,
     window: f64,
     epoch: Instant,
-    metrics: &SourceMetrics,
-) -> Result<Snapshot, SourceError> {
-    let endpoints = match &target.pods {
-        Pods::Static(list) => list
-            .iter()
-            .map(|a| Endpoint {
-                address: a.clone(),
-                name: a.clone(),
-            })
-            .collect(),
-        Pods::Service {
-            namespace,
-            name,
-            port,
-        } => {
-            discovery
-                .endpoints(namespace, name, port.as_deref(), target.timeout)
-                .await?
+}
+
+impl Pass<'_> {
+    async fn run(&self, target: &Target) -> Result<Snapshot, SourceError> {
+        let endpoints = match &target.pods {
+            Pods::Static(list) => list
+                .iter()
+                .map(|a| Endpoint {
+                    address: a.clone(),
+                    name: a.clone(),
+                })
+                .collect(),
+            Pods::Service {
+                namespace,
+                name,
+                port,
+            } => {
+                let found = self
+                    .discovery
+                    .endpoints(namespace, name, port.as_deref(), target.timeout)
+                    .await?;
+                for ep in &found {
+                    discovered_allowed(self.policy, namespace, name, ep)?;
+                }
+                found
+            }
+        };
+        let scrapes = futures::future::join_all(
+            endpoints
+                .iter()
+                .map(|ep| scrape_pod(self.http, target, ep, self.metrics)),
+        )
+        .await;
+        let now = self.epoch.elapsed().as_secs_f64();
+        let mut pods: Vec<(&Endpoint, PodReadings)> = Vec::with_capacity(scrapes.len());
+        for (ep, result) in endpoints.iter().zip(scrapes) {
+            pods.push((ep, result?));
         }
-    };
-    let scrapes = futures::future::join_all(
-        endpoints
-            .iter()
-            .map(|ep| scrape_pod(http, target, ep, metrics)),
-    )
-    .await;
-    let now = epoch.elapsed().as_secs_f64();
-    let mut pods: Vec<(&Endpoint, PodReadings)> = Vec::with_capacity(scrapes.len());
-    for (ep, result) in endpoints.iter().zip(scrapes) {
-        pods.push((ep, result?));
+        Ok(summarise(target, &pods, self.rates, self.window, now))
     }
-    Ok(summarise(target, &pods, rates, window, now))
+}
+
+/// Whether an address a Service's EndpointSlice names may be scraped: whoever can write the
+/// slices of a selector-less Service chooses these addresses, so they get the address rules a
+/// static list gets.
+fn discovered_allowed(
+    policy: &Policy,
+    namespace: &str,
+    service: &str,
+    ep: &Endpoint,
+) -> Result<(), Denied> {
+    let Some(ip) = policy::endpoint_ip(&ep.address) else {
+        return Err(Denied {
+            rule: "EndpointSlice address is not an IP",
+            detail: format!("service {namespace}/{service}: {}", ep.address),
+            flag: "an IPv4 or IPv6 EndpointSlice",
+        });
+    };
+    policy.check_ip(ip).map_err(|d| Denied {
+        detail: format!("service {namespace}/{service}: endpoint {}", d.detail),
+        ..d
+    })
 }
 
 fn summarise(
@@ -311,9 +354,11 @@ async fn scrape_pod_inner(
             detail: "response too large".into(),
         });
     }
+    // The pod's own words are not echoed: errors reach the ScaledObject's author (KEDA events,
+    // the explanations), who must not read through the scaler what they could not read.
     exposition::parse(&body, &target.matchers).map_err(|e| SourceError::Garbage {
         upstream,
-        detail: e.to_string(),
+        detail: e.summary(),
     })
 }
 

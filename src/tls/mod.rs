@@ -18,7 +18,7 @@ mod metrics;
 
 use std::path::{Path, PathBuf};
 
-pub use accept::incoming;
+pub use accept::{AcceptLimits, TlsConnection, incoming};
 pub use cert::ReloadingCert;
 pub use config::{ServerTls, Settings};
 pub use metrics::Metrics;

@@ -13,13 +13,20 @@ use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair}
 use rustls_pki_types::{CertificateDer, ServerName, pem::PemObject};
 use tokio_util::sync::CancellationToken;
 
-use super::{Metrics, ServerTls, Settings, incoming};
+use super::{AcceptLimits, Metrics, ServerTls, Settings, incoming};
 
 /// How often the reload loop re-reads the files in these tests: short, so they take little time.
 const RELOAD_INTERVAL: Duration = Duration::from_millis(10);
 
 /// Bound on each wait for the reload loop; it acts within a few intervals.
 const DEADLINE: Duration = Duration::from_secs(10);
+
+/// Limits far above what these tests open.
+const LIMITS: AcceptLimits = AcceptLimits {
+    max_connections: 64,
+    max_handshakes: 16,
+    handshake_timeout: Duration::from_secs(10),
+};
 
 /// A CA that issues `localhost` serving certificates.
 struct Ca {
@@ -108,7 +115,7 @@ async fn serve(tls: Arc<ServerTls>) -> Served {
     let addr = listener.local_addr().expect("addr");
     let stop = CancellationToken::new();
     tokio::spawn(tls.clone().watch(RELOAD_INTERVAL, stop.clone()));
-    let mut connections = incoming(tls, listener, stop.clone());
+    let mut connections = incoming(tls, listener, LIMITS, stop.clone());
     tokio::spawn(async move {
         // Holds each handshaken connection open until the client closes it.
         while let Some(Ok(conn)) = tokio_stream::StreamExt::next(&mut connections).await {

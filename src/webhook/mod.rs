@@ -210,7 +210,7 @@ pub async fn start_with(
         Ok(())
     });
     ctx.supervisor.spawn("webhook", async move {
-        server::serve(listener, tls, router, token).await?;
+        server::serve(listener, tls, router, server::Limits::default(), token).await?;
         Ok(())
     });
     Ok(())

@@ -90,7 +90,7 @@ async fn scenario(cluster: &Cluster, dir: &Path) -> Result<()> {
     let prom = Prometheus::start(&prometheus_bin, dir, &emu.endpoint())?;
     prom.wait_ready().await?;
     prom.wait_fresh_scrape(t_prom).await?;
-    let scaler = Scaler::start(dir)?;
+    let scaler = Scaler::start(dir, &prom.address())?;
     scaler.wait_ready().await?;
 
     // Inference at the low load's replicas, research on every spare GPU (and more waiting).
@@ -557,13 +557,16 @@ struct Scaler {
 }
 
 impl Scaler {
-    fn start(dir: &Path) -> Result<Self> {
+    fn start(dir: &Path, prometheus: &str) -> Result<Self> {
         let grpc_addr = format!("127.0.0.1:{}", free_port()?);
         let admin_addr = format!("127.0.0.1:{}", free_port()?);
         let args = vec![
             "scaler".to_string(),
             format!("--scaler-addr={grpc_addr}"),
             format!("--admin-addr={admin_addr}"),
+            // The test's Prometheus listens on loopback: allow exactly it, as a dev setup would.
+            format!("--scaler-allowed-prometheus={prometheus}"),
+            "--scaler-allow-loopback".to_string(),
         ];
         let process = Process::spawn_with_env(
             "nightshift-scaler",

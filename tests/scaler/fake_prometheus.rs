@@ -30,6 +30,8 @@ pub enum Mode {
     Slow(Duration),
     Garbage,
     BadData,
+    /// A `bad_data` error whose message is this long text (an upstream reflecting a body).
+    LongError(String),
 }
 
 struct FakeState {
@@ -111,6 +113,11 @@ async fn answer(state: &FakeState, params: &HashMap<String, String>) -> (StatusC
         Mode::BadData => (
             StatusCode::BAD_REQUEST,
             r#"{"status":"error","errorType":"bad_data","error":"parse error at char 4"}"#.into(),
+        ),
+        Mode::LongError(text) => (
+            StatusCode::BAD_REQUEST,
+            serde_json::json!({"status": "error", "errorType": "bad_data", "error": text})
+                .to_string(),
         ),
         Mode::Slow(d) => {
             tokio::time::sleep(d).await;

@@ -15,7 +15,7 @@ use nightshift::{
             },
         },
     },
-    sources::metrics::SourceMetrics,
+    sources::{metrics::SourceMetrics, policy::Policy},
     tls::ServerTls,
 };
 use prometheus_client::registry::Registry;
@@ -40,7 +40,8 @@ impl Drop for ScalerUnderTest {
 }
 
 impl ScalerUnderTest {
-    /// Plaintext scaler with the given cache TTL.
+    /// Plaintext scaler with the given cache TTL, allowed to reach the emulators and servers the
+    /// tests run on loopback (what a development setup allows with the policy flags).
     pub async fn start(cache_ttl: Duration) -> Self {
         Self::start_with(cache_ttl, Duration::from_millis(50), None).await
     }
@@ -49,6 +50,34 @@ impl ScalerUnderTest {
         cache_ttl: Duration,
         stream_interval: Duration,
         tls: Option<Arc<ServerTls>>,
+    ) -> Self {
+        Self::start_with_policy(cache_ttl, stream_interval, tls, Policy::permissive()).await
+    }
+
+    /// A plaintext scaler under `policy`.
+    pub async fn start_with_policy(
+        cache_ttl: Duration,
+        stream_interval: Duration,
+        tls: Option<Arc<ServerTls>>,
+        policy: Policy,
+    ) -> Self {
+        Self::start_full(
+            cache_ttl,
+            stream_interval,
+            tls,
+            policy,
+            service::Limits::default(),
+        )
+        .await
+    }
+
+    /// A scaler under `policy` and listener `limits`.
+    pub async fn start_full(
+        cache_ttl: Duration,
+        stream_interval: Duration,
+        tls: Option<Arc<ServerTls>>,
+        policy: Policy,
+        limits: service::Limits,
     ) -> Self {
         nightshift::install_crypto_provider();
         let stop = CancellationToken::new();
@@ -62,6 +91,7 @@ impl ScalerUnderTest {
                 Options {
                     cache_ttl,
                     stream_interval,
+                    policy,
                 },
                 None,
                 source_metrics,
@@ -76,7 +106,7 @@ impl ScalerUnderTest {
         let addr = listener.local_addr().expect("addr");
         let (s, t) = (scaler.clone(), stop.clone());
         tokio::spawn(async move {
-            if let Err(e) = service::serve(listener, s, tls, t).await {
+            if let Err(e) = service::serve(listener, s, tls, limits, t).await {
                 eprintln!("scaler server failed: {e}");
             }
         });

@@ -5,6 +5,8 @@ mod emulator;
 mod fake_prometheus;
 mod grpc;
 mod harness;
+mod limits;
 mod logs;
+mod policy;
 mod real_prometheus;
 mod tls;

@@ -61,6 +61,11 @@ impl Server {
     }
 
     pub async fn start_with(cluster: Arc<dyn ClusterView>) -> Self {
+        Self::start_limited(cluster, server::Limits::default()).await
+    }
+
+    /// A webhook server with the given listener limits.
+    pub async fn start_limited(cluster: Arc<dyn ClusterView>, limits: server::Limits) -> Self {
         nightshift::install_crypto_provider();
         let dir = tempfile::tempdir().expect("tempdir");
         let (cert_args, tls) = localhost_cert::generate(dir.path());
@@ -87,6 +92,7 @@ impl Server {
             listener,
             tls.clone(),
             router,
+            limits,
             shutdown.clone(),
         ));
         let ca_pem = std::fs::read(dir.path().join(certs::CA_CERT)).expect("ca");
@@ -120,6 +126,23 @@ impl Server {
             .await
             .expect("server stopped in time")
             .expect("server task")
+    }
+
+    /// A TLS connection to the server (no ALPN: HTTP/1.1).
+    pub async fn connect_tls(
+        &self,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(&self.ca_pem).expect("ca der"))
+            .expect("root");
+        let config = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let tcp = tokio::net::TcpStream::connect(self.addr).await?;
+        let name = ServerName::try_from("127.0.0.1").expect("name");
+        connector.connect(name, tcp).await
     }
 
     /// The leaf certificate the server presents in a new handshake.

@@ -2,6 +2,7 @@
 //! does, a server on a free loopback port, and a reqwest client trusting only the generated CA.
 
 mod harness;
+mod limits;
 
 use std::{
     sync::{

@@ -128,7 +128,8 @@ pub const KEYS: &[Key] = &[
         "endpoints",
         Scrape,
         Unset,
-        "comma-separated `host:port` list of vLLM pods to scrape directly",
+        "comma-separated `IP:port` list of vLLM pods to scrape directly (refused unless \
+         `--scaler-allow-endpoints`)",
     ),
     key(
         "port",
