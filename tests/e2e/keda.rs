@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, anyhow, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -20,12 +20,9 @@ use serde_json::{Value, json};
 use crate::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE};
 use crate::objects::{self, is_bound, is_running};
 use crate::process::{Process, free_port, tail};
+use crate::source::{Prometheus, emulator, find_prometheus};
 use crate::victims::{self, VictimWatch};
 use crate::wait::{self, Check};
-
-#[path = "../scaler/emulator.rs"]
-#[allow(dead_code)] // the e2e scenarios use only part of the emulator
-pub(crate) mod emulator;
 
 const NS: &str = "e2e-keda";
 const DEPLOYMENT: &str = "inference";
@@ -87,7 +84,13 @@ async fn scenario(cluster: &Cluster, dir: &Path) -> Result<()> {
     let emu = emulator::Emulator::start(MODEL, 1, false).await;
     emu.set(0, |e| e.waiting = LOW_LOAD);
     let t_prom = SystemTime::now();
-    let prom = Prometheus::start(&prometheus_bin, dir, &emu.endpoint())?;
+    let prom = Prometheus::start(
+        &prometheus_bin,
+        dir,
+        &emu.endpoint(),
+        NS,
+        &format!("{DEPLOYMENT}-emulated"),
+    )?;
     prom.wait_ready().await?;
     prom.wait_fresh_scrape(t_prom).await?;
     let scaler = Scaler::start(dir)?;
@@ -428,124 +431,6 @@ fn find_driver() -> Result<PathBuf> {
         path.display()
     );
     Ok(path)
-}
-
-/// Debian's `prometheus`: `NIGHTSHIFT_PROMETHEUS_BIN`, else on PATH.
-fn find_prometheus() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("NIGHTSHIFT_PROMETHEUS_BIN").filter(|p| !p.is_empty()) {
-        return Ok(PathBuf::from(p));
-    }
-    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .map(|d| d.join("prometheus"))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            anyhow!(
-                "prometheus not found: install Debian's `prometheus` (`bash .ci/test` does) or set \
-                 NIGHTSHIFT_PROMETHEUS_BIN"
-            )
-        })
-}
-
-/// A real Prometheus scraping the emulator every second, labelling its series as a pod of the
-/// scenario's namespace (as a Kubernetes scrape configuration would).
-struct Prometheus {
-    process: Mutex<Option<Process>>,
-    bin: PathBuf,
-    dir: PathBuf,
-    port: u16,
-}
-
-impl Prometheus {
-    fn start(bin: &Path, dir: &Path, target: &str) -> Result<Self> {
-        let config = format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: vllm\n    \
-             scrape_interval: 1s\n    scrape_timeout: 1s\n    static_configs:\n      - targets: ['{target}']\n        \
-             labels: {{namespace: {NS}, pod: {DEPLOYMENT}-emulated}}\n"
-        );
-        std::fs::write(dir.join("prometheus.yml"), config)?;
-        let p = Self {
-            process: Mutex::new(None),
-            bin: bin.to_path_buf(),
-            dir: dir.to_path_buf(),
-            port: free_port()?,
-        };
-        p.restart()?;
-        Ok(p)
-    }
-
-    fn restart(&self) -> Result<()> {
-        let args = vec![
-            format!(
-                "--config.file={}",
-                self.dir.join("prometheus.yml").display()
-            ),
-            format!(
-                "--storage.tsdb.path={}",
-                self.dir.join("prometheus-data").display()
-            ),
-            format!("--web.listen-address=127.0.0.1:{}", self.port),
-            "--log.level=warn".to_string(),
-        ];
-        let p = Process::spawn("prometheus", &self.bin, &args, &self.dir)?;
-        *self.lock()? = Some(p);
-        Ok(())
-    }
-
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Option<Process>>> {
-        self.process
-            .lock()
-            .map_err(|_| anyhow!("prometheus process lock poisoned"))
-    }
-
-    fn kill(&self) -> Result<()> {
-        drop(self.lock()?.take());
-        Ok(())
-    }
-
-    fn address(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// Waits until Prometheus holds an emulator sample scraped after `since`. Prometheus applies
-    /// scrape targets on a 5 s tick, so the first scrape after a start can take that long; until
-    /// then, after a restart, it answers from the samples its WAL kept from before the crash.
-    async fn wait_fresh_scrape(&self, since: SystemTime) -> Result<()> {
-        let since = since.duration_since(UNIX_EPOCH)?.as_secs_f64();
-        let url = format!("{}/api/v1/query", self.address());
-        let http = reqwest::Client::new();
-        wait::until("Prometheus to scrape the emulator", STEP, || async {
-            let body: Value = http
-                .get(&url)
-                .query(&[("query", "timestamp(vllm:num_requests_waiting)")])
-                .timeout(Duration::from_secs(1))
-                .send()
-                .await?
-                .json()
-                .await?;
-            let last = body["data"]["result"][0]["value"][1]
-                .as_str()
-                .and_then(|v| v.parse::<f64>().ok());
-            Ok(match last {
-                Some(t) if t >= since => Check::Done(()),
-                other => Check::Pending(format!("last sample at {other:?}")),
-            })
-        })
-        .await
-    }
-
-    async fn wait_ready(&self) -> Result<()> {
-        let url = format!("{}/-/ready", self.address());
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(1))
-            .build()?;
-        wait::http_ok("Prometheus /-/ready", &http, &url, STEP, || {
-            match self.lock()?.as_mut() {
-                Some(p) => p.check_running(),
-                None => Ok(()),
-            }
-        })
-        .await
-    }
 }
 
 /// The `nightshift scaler` binary on free loopback ports, without a Kubernetes connection (the

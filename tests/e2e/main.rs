@@ -18,11 +18,14 @@ mod failure;
 mod gate;
 mod harvest;
 mod keda;
+mod keda_loop;
+mod keda_stack;
 mod objects;
 mod packing;
 mod process;
 mod rbac;
 mod scrape;
+mod source;
 mod victims;
 mod wait;
 
@@ -73,6 +76,11 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         (
             "scrape_discovers_pods_from_endpointslices_and_follows_them",
             |c| Box::pin(scrape::run(c)),
+        ),
+        // Last: the first scenario that needs KEDA starts it, and it then runs to the end.
+        (
+            "loop_keda_hpa_scale_inference_over_research_with_fallback",
+            |c| Box::pin(keda_loop::run(c)),
         ),
     ]
 }
