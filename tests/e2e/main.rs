@@ -17,7 +17,6 @@ mod cluster;
 mod failure;
 mod gate;
 mod harvest;
-mod keda;
 mod keda_loop;
 mod keda_stack;
 mod objects;
@@ -48,10 +47,6 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         (
             "harvest_research_pods_are_preempted_for_inference_and_return",
             |c| Box::pin(harvest::run(c)),
-        ),
-        (
-            "keda_scaler_drives_inference_replicas_and_research_yields_and_returns",
-            |c| Box::pin(keda::run(c)),
         ),
         (
             "admission_research_pods_are_stored_marked_through_the_real_chain",
