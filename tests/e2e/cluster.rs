@@ -14,10 +14,14 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    SanType,
+};
 use serde_json::json;
 use tempfile::TempDir;
 
+use crate::keda_stack::Keda;
 use crate::process::{Process, free_port, tail};
 use crate::wait::{self, Check};
 
@@ -63,6 +67,9 @@ pub struct Cluster {
     pub bin_dir: PathBuf,
     /// The API server's audit log (JSON lines) of the requests of [`AUDITED_USERS`].
     pub audit_log: PathBuf,
+    /// The real KEDA operator and metrics adapter, started by the first scenario that asks.
+    keda: tokio::sync::OnceCell<Keda>,
+    work_dir: PathBuf,
     env: Env,
 }
 
@@ -122,6 +129,10 @@ struct Pki {
     ca_pem: String,
     serving_cert_pem: String,
     serving_key_pem: String,
+    /// Client certificate of the API server's aggregation layer (the front proxy), signed by the
+    /// same CA, with the name that `--requestheader-allowed-names` accepts.
+    proxy_cert_pem: String,
+    proxy_key_pem: String,
     sa_key_pem: String,
     sa_pub_pem: String,
 }
@@ -146,11 +157,21 @@ fn make_pki() -> Result<Pki> {
         .push(DnType::CommonName, "kube-apiserver");
     let cert = params.signed_by(&key, &issuer)?;
 
+    let proxy_key = KeyPair::generate()?;
+    let mut proxy = CertificateParams::new(Vec::<String>::new())?;
+    proxy
+        .distinguished_name
+        .push(DnType::CommonName, FRONT_PROXY_NAME);
+    proxy.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let proxy_cert = proxy.signed_by(&proxy_key, &issuer)?;
+
     let sa = KeyPair::generate()?;
     Ok(Pki {
         ca_pem: ca_cert.pem(),
         serving_cert_pem: cert.pem(),
         serving_key_pem: key.serialize_pem(),
+        proxy_cert_pem: proxy_cert.pem(),
+        proxy_key_pem: proxy_key.serialize_pem(),
         sa_key_pem: sa.serialize_pem(),
         sa_pub_pem: sa.public_key_pem(),
     })
@@ -166,7 +187,17 @@ fn s(v: impl Into<String>) -> String {
 
 impl Env {
     fn spawn(&self, name: &str, program: &Path, args: &[String]) -> Result<()> {
-        let p = Process::spawn(name, program, args, &self.log_dir)?;
+        self.spawn_with_env(name, program, args, &[])
+    }
+
+    fn spawn_with_env(
+        &self,
+        name: &str,
+        program: &Path,
+        args: &[String],
+        vars: &[(&str, String)],
+    ) -> Result<()> {
+        let p = Process::spawn_with_env(name, program, args, vars, &self.log_dir)?;
         self.procs
             .lock()
             .map_err(|_| anyhow::anyhow!("process list poisoned"))?
@@ -255,6 +286,8 @@ impl Cluster {
                     kubeconfig: dir.join("admin.kubeconfig"),
                     audit_log: dir.join("audit.log"),
                     bin_dir,
+                    keda: tokio::sync::OnceCell::new(),
+                    work_dir: dir.clone(),
                     env,
                 };
                 // kubectl is part of the environment too (scenarios apply manifests with it).
@@ -280,6 +313,30 @@ impl Cluster {
     /// Fails if any component process has exited.
     pub fn check_processes(&self) -> Result<()> {
         self.env.check_processes()
+    }
+
+    /// The real KEDA operator and metrics adapter on this control plane, started (and waited
+    /// for) on the first call only, so that scenarios that do not need KEDA do not pay for it.
+    /// They then run, like every component, until the control plane stops.
+    pub async fn keda(&self) -> Result<&Keda> {
+        self.keda.get_or_try_init(|| Keda::start(self)).await
+    }
+
+    /// Starts a further component of the environment (it lives and dies with the control plane
+    /// and is checked by [`Cluster::check_processes`]).
+    pub fn spawn_component(
+        &self,
+        name: &str,
+        program: &Path,
+        args: &[String],
+        vars: &[(&str, String)],
+    ) -> Result<()> {
+        self.env.spawn_with_env(name, program, args, vars)
+    }
+
+    /// The control plane's private directory (removed when it stops).
+    pub fn work_dir(&self) -> &Path {
+        &self.work_dir
     }
 
     /// Waits until the service-account controller created `default` in `ns` (pods cannot be
@@ -373,6 +430,8 @@ async fn boot(env: &Env, bin: &Path, dir: &Path) -> Result<(kube::Client, String
     write(&dir.join("ca.crt"), &pki.ca_pem)?;
     write(&dir.join("apiserver.crt"), &pki.serving_cert_pem)?;
     write(&dir.join("apiserver.key"), &pki.serving_key_pem)?;
+    write(&dir.join("front-proxy.crt"), &pki.proxy_cert_pem)?;
+    write(&dir.join("front-proxy.key"), &pki.proxy_key_pem)?;
     write(&dir.join("sa.key"), &pki.sa_key_pem)?;
     write(&dir.join("sa.pub"), &pki.sa_pub_pem)?;
     write(
@@ -446,6 +505,17 @@ async fn boot(env: &Env, bin: &Path, dir: &Path) -> Result<(kube::Client, String
             s("--profiling=false"),
             format!("--audit-policy-file={}", d("audit-policy.yaml")),
             format!("--audit-log-path={}", d("audit.log")),
+            // The aggregation layer, for KEDA's external metrics API (an APIService served by
+            // the adapter): the API server proxies with the front-proxy client certificate and
+            // passes the caller's identity in these headers, which the adapter trusts for
+            // certificates of this CA with the allowed name.
+            format!("--requestheader-client-ca-file={}", d("ca.crt")),
+            format!("--requestheader-allowed-names={FRONT_PROXY_NAME}"),
+            s("--requestheader-username-headers=X-Remote-User"),
+            s("--requestheader-group-headers=X-Remote-Group"),
+            s("--requestheader-extra-headers-prefix=X-Remote-Extra-"),
+            format!("--proxy-client-cert-file={}", d("front-proxy.crt")),
+            format!("--proxy-client-key-file={}", d("front-proxy.key")),
             s("--v=1"),
         ],
     )?;
@@ -483,6 +553,10 @@ async fn boot(env: &Env, bin: &Path, dir: &Path) -> Result<(kube::Client, String
             format!("--controllers={}", CONTROLLERS.join(",")),
             format!("--service-account-private-key-file={}", d("sa.key")),
             format!("--root-ca-file={}", d("ca.crt")),
+            // The HPA that KEDA creates acts within seconds instead of every 15 s, and scales
+            // down without the 5 min default window (a ScaledObject sets its own).
+            format!("--horizontal-pod-autoscaler-sync-period={HPA_SYNC}"),
+            s("--horizontal-pod-autoscaler-downscale-stabilization=1s"),
             s("--v=1"),
         ],
     )?;
@@ -510,7 +584,8 @@ async fn boot(env: &Env, bin: &Path, dir: &Path) -> Result<(kube::Client, String
 
 /// Controllers the scenarios rely on: workloads (Deployment, ReplicaSet, Job), garbage
 /// collection and namespaces (clean-up between scenarios), service accounts and their tokens,
-/// node lifecycle (removes the not-ready taint from new nodes), disruption (PDBs).
+/// node lifecycle (removes the not-ready taint from new nodes), disruption (PDBs), the HPA (which
+/// acts only on the HPAs that KEDA creates in the loop scenario).
 const CONTROLLERS: &[&str] = &[
     "deployment-controller",
     "replicaset-controller",
@@ -524,7 +599,15 @@ const CONTROLLERS: &[&str] = &[
     "root-ca-certificate-publisher-controller",
     "pod-garbage-collector-controller",
     "disruption-controller",
+    "horizontal-pod-autoscaler-controller",
 ];
+
+/// The HPA controller's sync period: 2 s instead of 15 s, so that the loop scenario's steps
+/// take seconds; still slower than KEDA's 1 s polling there, as in production.
+pub const HPA_SYNC: &str = "2s";
+
+/// Common name of the aggregation layer's client certificate.
+const FRONT_PROXY_NAME: &str = "front-proxy-client";
 
 async fn wait_apiserver_ready(env: &Env, client: &kube::Client) -> Result<()> {
     wait::until("kube-apiserver /readyz", START_TIMEOUT, || async {

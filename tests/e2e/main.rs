@@ -17,12 +17,14 @@ mod cluster;
 mod failure;
 mod gate;
 mod harvest;
-mod keda;
+mod keda_loop;
+mod keda_stack;
 mod objects;
 mod packing;
 mod process;
 mod rbac;
 mod scrape;
+mod source;
 mod victims;
 mod wait;
 
@@ -47,10 +49,6 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             |c| Box::pin(harvest::run(c)),
         ),
         (
-            "keda_scaler_drives_inference_replicas_and_research_yields_and_returns",
-            |c| Box::pin(keda::run(c)),
-        ),
-        (
             "admission_research_pods_are_stored_marked_through_the_real_chain",
             |c| Box::pin(admission::run(c)),
         ),
@@ -73,6 +71,11 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         (
             "scrape_discovers_pods_from_endpointslices_and_follows_them",
             |c| Box::pin(scrape::run(c)),
+        ),
+        // Last: the first scenario that needs KEDA starts it, and it then runs to the end.
+        (
+            "loop_keda_hpa_scale_inference_over_research_with_fallback",
+            |c| Box::pin(keda_loop::run(c)),
         ),
     ]
 }

@@ -23,8 +23,8 @@ use serde_json::json;
 use tonic::transport::Channel;
 
 use crate::cluster::Cluster;
-use crate::keda::emulator;
 use crate::process::{Process, free_port, tail};
+use crate::source::emulator;
 use crate::wait::{self, Check};
 
 const NS: &str = "e2e-scrape";

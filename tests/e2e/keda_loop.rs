@@ -1,0 +1,721 @@
+//! The whole loop on one control plane, as a user runs it: nightshift as deployed (`nightshift
+//! run`: webhook, pool controller and scaler, local overlay applied), the real KEDA operator and
+//! metrics adapter, the HPA controller of kube-controller-manager, and the shipped example
+//! (`manifests/examples/vllm`: Deployment and ScaledObject, patched only for addresses and
+//! timings). The scaler reads a real Prometheus that scrapes a vLLM-metrics emulator. A research
+//! Indexed Job is submitted unmarked in a research namespace; the webhook marks it and the pool
+//! controller lends it the spare GPUs.
+//!
+//! Then: load rises → nightshift's demand → KEDA → HPA → Deployment scale-up → the scheduler
+//! preempts research (counted by the pool controller; no inference victim; GPUs never
+//! over-committed). Load falls → HPA scales down → spare marks return → research binds again.
+//! Prometheus killed → nightshift answers errors (never zero) → KEDA's fallback → the Deployment
+//! goes to `fallback.replicas` → Prometheus back → normal scaling. nightshift killed → KEDA cannot
+//! read the metric spec, no fallback: the HPA holds its replicas.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result, anyhow, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Event, Node};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
+use serde_json::{Value, json};
+
+use crate::admission::{self, deploy_with};
+use crate::binary::{self, SPARE};
+use crate::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE, POOL, POOL_LABEL};
+use crate::objects::{self, is_bound, is_running};
+use crate::source::emulator::Emulator;
+use crate::source::{Prometheus, find_prometheus};
+use crate::victims::{self, VictimWatch};
+use crate::wait::{self, Check};
+
+const INFERENCE_NS: &str = "e2e-loop";
+const RESEARCH_NS: &str = "e2e-loop-research";
+/// The example's names.
+const DEPLOYMENT: &str = "vllm-llama";
+const SCALED_OBJECT: &str = "vllm-llama";
+const MODEL: &str = "llama-3.1-70b";
+const INFERENCE_SELECTOR: &str = "app.kubernetes.io/name=vllm-llama";
+const RESEARCH_SELECTOR: &str = "role=research";
+/// The HPA KEDA creates for the ScaledObject, and the metric name it gives nightshift's metric
+/// (`s<trigger index>-<metric name>`).
+const HPA: &str = "keda-hpa-vllm-llama";
+const METRIC: &str = "s0-vllm-demand";
+/// The example's per-replica target of waiting requests (`waitingTarget: "5"`).
+const WAITING_TARGET: f64 = 5.0;
+/// Emulated queue lengths: 10 / 5 → 2 replicas; 30 / 5 → 6 replicas.
+const LOW_LOAD: f64 = 10.0;
+const HIGH_LOAD: f64 = 30.0;
+const LOW_REPLICAS: i32 = 2;
+const HIGH_REPLICAS: i32 = 6;
+/// The example's `fallback.replicas` (behaviour `currentReplicasIfHigher`: from 2 replicas the
+/// fallback raises them to 4).
+const FALLBACK_REPLICAS: i32 = 4;
+/// GPUs per inference replica (the example's `nvidia.com/gpu: "4"`).
+const INFERENCE_GPUS: u32 = 4;
+/// More research pods than spare GPUs, so that some always wait and take freed GPUs at once.
+const RESEARCH_PODS: i32 = 40;
+/// KEDA's polling interval, compressed from the example's 10 s so that the scenario takes
+/// seconds (the HPA syncs every [`crate::cluster::HPA_SYNC`]).
+const POLLING_INTERVAL: i64 = 1;
+/// Failed HPA syncs observed while nightshift is down: the HPA must have tried (and failed)
+/// several times without changing anything.
+const HELD_SYNCS: usize = 3;
+/// Deadline of each step; far above the seconds each takes, for a loaded 2-core machine.
+const STEP: Duration = Duration::from_secs(120);
+
+pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
+    let c = &*cluster;
+    let dir = tempfile::Builder::new()
+        .prefix("nightshift-e2e-loop-")
+        .tempdir()?;
+    let result = scenario(c, dir.path()).await;
+    let cleanup = binary::delete_namespaces_now(c, &[RESEARCH_NS, INFERENCE_NS]).await;
+    let unmark = binary::remove_spare_marks(c);
+    match result {
+        Ok(()) => cleanup.and(unmark),
+        Err(e) => {
+            let kept = dir.keep();
+            Err(anyhow!(
+                "{e:#}\nPrometheus log kept in {}\n----- prometheus -----\n{}",
+                kept.display(),
+                crate::process::tail(&kept.join("prometheus.log"), 20)
+            ))
+        }
+    }
+}
+
+async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
+    let client = c.client.clone();
+    let keda = c.keda().await?;
+    eprintln!(
+        "loop: KEDA operator (gRPC {}, probe http://{}) and adapter ready in {:.1} s",
+        keda.operator_grpc,
+        keda.operator_probe,
+        keda.started_in.as_secs_f64()
+    );
+    let prometheus_bin = find_prometheus()?;
+
+    // The vLLM source: an emulator scraped by a real Prometheus, labelled as a pod of the
+    // inference namespace.
+    let emu = Emulator::start(MODEL, 1, false).await;
+    emu.set(0, |e| e.waiting = LOW_LOAD);
+    let t_prom = SystemTime::now();
+    let prom = Prometheus::start(
+        &prometheus_bin,
+        dir,
+        &emu.endpoint(),
+        INFERENCE_NS,
+        &format!("{DEPLOYMENT}-0"),
+    )?;
+    prom.wait_ready().await?;
+    prom.wait_fresh_scrape(t_prom).await?;
+
+    // nightshift as deployed: webhook, pool controller (no headroom, lending always open) and
+    // scaler in one process.
+    // The test's Prometheus listens on loopback: allow exactly it, as a dev setup would.
+    let source_policy = [
+        format!("--scaler-allowed-prometheus={}", prom.address()),
+        "--scaler-allow-loopback".to_string(),
+    ];
+    let (_ws, mut nightshift, _registration) =
+        deploy_with(c, "nightshift-loop", &source_policy).await?;
+    c.create_namespace(RESEARCH_NS, json!({"nightshift.io/research": "true"}))
+        .await?;
+    c.create_namespace(INFERENCE_NS, json!({})).await?;
+    admission::wait_webhook_active(c, RESEARCH_NS).await?;
+
+    // The example, applied as a user would, with the model-hub token Secret it reads (KEDA
+    // resolves the scale target's environment, Secrets included, before it creates the HPA).
+    binary::kubectl_ok(
+        c,
+        &[
+            "create",
+            "secret",
+            "generic",
+            "hf-token",
+            "--namespace",
+            INFERENCE_NS,
+            "--from-literal=token=unused-by-kwok",
+        ],
+        None,
+    )?;
+    let deployment = example_deployment()?;
+    let scaled_object = example_scaled_object(&nightshift.scaler.to_string(), &prom.address())?;
+    for object in [&deployment, &scaled_object] {
+        binary::kubectl_ok(c, &["apply", "-f", "-"], Some(&object.to_string()))?;
+    }
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), INFERENCE_NS);
+    let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), INFERENCE_NS);
+    let scaled_objects: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), INFERENCE_NS, &scaled_object_resource());
+
+    // KEDA reconciles the ScaledObject into an HPA on nightshift's one metric, AverageValue 100.
+    let hpa = wait::until("KEDA's HPA", STEP, || async {
+        c.check_processes()?;
+        Ok(match hpas.get_opt(HPA).await? {
+            Some(h) => Check::Done(h),
+            None => Check::Pending("absent".into()),
+        })
+    })
+    .await?;
+    let spec = serde_json::to_value(&hpa.spec)?;
+    ensure!(
+        spec["metrics"][0]["external"]["metric"]["name"] == METRIC
+            && spec["metrics"][0]["external"]["target"]["type"] == "AverageValue"
+            && spec["metrics"][0]["external"]["target"]["averageValue"] == "100",
+        "KEDA's HPA should read {METRIC} with an AverageValue target of 100: {spec}"
+    );
+    ensure!(
+        spec["minReplicas"] == 1 && spec["maxReplicas"] == 8,
+        "the HPA should keep the example's bounds [1, 8]: {spec}"
+    );
+    wait_replicas(c, &deployments, LOW_REPLICAS).await?;
+    victims::wait_pods(
+        c,
+        INFERENCE_NS,
+        INFERENCE_SELECTOR,
+        LOW_REPLICAS as usize,
+        is_running,
+        STEP,
+    )
+    .await?;
+    let value = external_metric(c).await?;
+    ensure!(
+        value == LOW_LOAD / WAITING_TARGET * 100.0,
+        "the external metrics API should serve demand x 100 = {}: {value}",
+        LOW_LOAD / WAITING_TARGET * 100.0
+    );
+
+    // Research, submitted unmarked: the webhook marks it, the pool controller's spare marks let
+    // it onto every GPU inference does not use; the rest wait.
+    let total = GPU_NODES * GPUS_PER_NODE;
+    let research_full = (total - LOW_REPLICAS as u32 * INFERENCE_GPUS) as usize;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), RESEARCH_NS);
+    let mut job = objects::research_job("research", RESEARCH_PODS, false)?;
+    if let Some(spec) = job.spec.as_mut() {
+        spec.completion_mode = Some("Indexed".into());
+    }
+    jobs.create(&PostParams::default(), &job).await?;
+    victims::wait_pods(
+        c,
+        RESEARCH_NS,
+        RESEARCH_SELECTOR,
+        research_full,
+        is_running,
+        STEP,
+    )
+    .await?;
+    let research = objects::pods(&client, RESEARCH_NS, RESEARCH_SELECTOR).await?;
+    let sample = research
+        .values()
+        .find(|p| is_running(p))
+        .ok_or_else(|| anyhow!("no running research pod"))?;
+    admission::assert_marked(sample, true)?;
+    ensure!(
+        requires_spare(sample),
+        "research pods should require the spare mark (the webhook's required spare gate): {:?}",
+        sample.spec.as_ref().and_then(|s| s.affinity.clone())
+    );
+    ensure!(
+        gpus_in_use(&client).await? == total,
+        "expected all {total} GPUs in use before the load rises"
+    );
+    wait_spare_nodes(c, "no node spare with every GPU in use", |n| n == 0).await?;
+    let admin = nightshift.admin_api();
+    let preemptions_before = admin.metric("nightshift_pool_preemptions_total").await?;
+
+    // Load rises: nightshift → KEDA → HPA → Deployment → the scheduler preempts research.
+    let research_watch = VictimWatch::start(&client, RESEARCH_NS, STEP).await?;
+    let inference_watch = VictimWatch::start(&client, INFERENCE_NS, STEP).await?;
+    let t_rise = Instant::now();
+    emu.set(0, |e| e.waiting = HIGH_LOAD);
+    wait_hpa_desired(c, &hpas, HIGH_REPLICAS).await?;
+    let to_desired = t_rise.elapsed();
+    wait_replicas(c, &deployments, HIGH_REPLICAS).await?;
+    let to_scaled = t_rise.elapsed();
+    victims::wait_pods(
+        c,
+        INFERENCE_NS,
+        INFERENCE_SELECTOR,
+        HIGH_REPLICAS as usize,
+        is_bound,
+        STEP,
+    )
+    .await?;
+    let to_bound = t_rise.elapsed();
+    let needed = ((HIGH_REPLICAS - LOW_REPLICAS) as u32 * INFERENCE_GPUS) as usize;
+    let n_victims = research_watch.wait_research(needed, STEP).await?;
+    victims::wait_pods(
+        c,
+        RESEARCH_NS,
+        RESEARCH_SELECTOR,
+        research_full - needed,
+        is_running,
+        STEP,
+    )
+    .await?;
+    ensure!(
+        inference_watch.research() + inference_watch.inference() == 0
+            && research_watch.inference() == 0,
+        "an inference pod was preempted"
+    );
+    ensure!(
+        gpus_in_use(&client).await? <= total,
+        "GPUs over-committed after preemption"
+    );
+    wait_spare_nodes(c, "no node spare with the freed GPUs in use", |n| n == 0).await?;
+    let counted = wait::until(
+        "the pool controller to count the preemptions",
+        STEP,
+        || async {
+            let n = admin.metric("nightshift_pool_preemptions_total").await? - preemptions_before;
+            let status: Value = serde_json::from_str(&admin.get("/status").await?)?;
+            let recent = status["recent_disruptions"]
+                .as_array()
+                .map(|a| a.len())
+                .unwrap_or(0);
+            Ok(if n >= needed as f64 && recent > 0 {
+                Check::Done((n, recent))
+            } else {
+                Check::Pending(format!(
+                    "{n} preemptions counted, {recent} recent disruptions"
+                ))
+            })
+        },
+    )
+    .await?;
+    eprintln!(
+        "loop: load {LOW_LOAD}->{HIGH_LOAD} waiting: HPA desired {HIGH_REPLICAS} after {:.2} s, \
+         Deployment {HIGH_REPLICAS} after {:.2} s, all inference pods bound after {:.2} s; \
+         {n_victims} research pods preempted, {} counted by the pool controller ({} in /status)",
+        to_desired.as_secs_f64(),
+        to_scaled.as_secs_f64(),
+        to_bound.as_secs_f64(),
+        counted.0,
+        counted.1
+    );
+
+    // Load falls: the HPA scales down, spare marks return, the waiting research binds again.
+    let t_drop = Instant::now();
+    emu.set(0, |e| e.waiting = LOW_LOAD);
+    wait_hpa_desired(c, &hpas, LOW_REPLICAS).await?;
+    wait_replicas(c, &deployments, LOW_REPLICAS).await?;
+    let to_down = t_drop.elapsed();
+    victims::wait_pods(
+        c,
+        RESEARCH_NS,
+        RESEARCH_SELECTOR,
+        research_full,
+        is_running,
+        STEP,
+    )
+    .await?;
+    let to_research = t_drop.elapsed();
+    ensure!(
+        gpus_in_use(&client).await? == total,
+        "expected all {total} GPUs in use again"
+    );
+    eprintln!(
+        "loop: load {HIGH_LOAD}->{LOW_LOAD} waiting: Deployment {LOW_REPLICAS} after {:.2} s, \
+         {research_full} research pods running again after {:.2} s",
+        to_down.as_secs_f64(),
+        to_research.as_secs_f64()
+    );
+
+    // The vLLM source fails: nightshift answers errors, never zero; KEDA falls back.
+    let t_kill = Instant::now();
+    prom.kill()?;
+    let fallback = wait::until("KEDA's Fallback condition", STEP, || async {
+        c.check_processes()?;
+        let so = scaled_objects.get(SCALED_OBJECT).await?;
+        Ok(match condition(&so, "Fallback") {
+            Some((status, _)) if status == "True" => Check::Done(so),
+            other => Check::Pending(format!("Fallback {other:?}")),
+        })
+    })
+    .await?;
+    let to_fallback = t_kill.elapsed();
+    let failures = fallback.data["status"]["health"][METRIC]["numberOfFailures"].as_i64();
+    ensure!(
+        failures.is_some_and(|n| n >= 3),
+        "KEDA should have counted at least failureThreshold (3) failures: {}",
+        fallback.data["status"]["health"]
+    );
+    wait_replicas(c, &deployments, FALLBACK_REPLICAS).await?;
+    let to_fallback_replicas = t_kill.elapsed();
+    let value = external_metric(c).await?;
+    ensure!(
+        value > 0.0,
+        "the external metric during the outage should be KEDA's fallback, never zero: {value}"
+    );
+    ensure!(
+        gpus_in_use(&client).await? <= total,
+        "GPUs over-committed at the fallback size"
+    );
+    // What KEDA got from nightshift: gRPC errors (UNAVAILABLE), as its events on the
+    // ScaledObject say.
+    let unavailable = scaler_failures(&client, "code = Unavailable").await?;
+    ensure!(
+        unavailable > 0,
+        "KEDA should report nightshift's UNAVAILABLE answers: {:?}",
+        scaler_failure_messages(&client).await?
+    );
+    eprintln!(
+        "loop: Prometheus killed: KEDA's Fallback after {:.2} s, Deployment at \
+         fallback.replicas {FALLBACK_REPLICAS} after {:.2} s (external metric {value}); \
+         {unavailable} UNAVAILABLE answers reported by KEDA",
+        to_fallback.as_secs_f64(),
+        to_fallback_replicas.as_secs_f64()
+    );
+
+    // The source returns: fallback ends, normal scaling resumes at the low load.
+    let t_back = Instant::now();
+    prom.restart()?;
+    prom.wait_ready().await?;
+    wait::until("KEDA's Fallback to end", STEP, || async {
+        let so = scaled_objects.get(SCALED_OBJECT).await?;
+        Ok(match condition(&so, "Fallback") {
+            Some((status, _)) if status == "False" => Check::Done(()),
+            other => Check::Pending(format!("Fallback {other:?}")),
+        })
+    })
+    .await?;
+    wait_replicas(c, &deployments, LOW_REPLICAS).await?;
+    eprintln!(
+        "loop: Prometheus back: Deployment at {LOW_REPLICAS} again after {:.2} s",
+        t_back.elapsed().as_secs_f64()
+    );
+
+    // nightshift killed: KEDA cannot even read the metric spec, so it has nothing to fall back
+    // on; the HPA cannot read the metric and holds its replicas.
+    let hpa_before = hpas.get(HPA).await?;
+    let last_scale = hpa_before
+        .status
+        .as_ref()
+        .and_then(|s| s.last_scale_time.clone());
+    nightshift.kill();
+    let t_down = Instant::now();
+    let failed_get = wait::until(
+        "the HPA to fail reading the external metric",
+        STEP,
+        || async {
+            let h = hpas.get(HPA).await?;
+            let active = h
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.type_ == "ScalingActive").cloned());
+            Ok(match active {
+                Some(a) if a.status == "False" => Check::Done(a.reason.unwrap_or_default()),
+                other => Check::Pending(format!("ScalingActive {other:?}")),
+            })
+        },
+    )
+    .await?;
+    let to_failed = t_down.elapsed();
+    // Several more HPA syncs, counted by the HPA's own warning events: each fails again, none
+    // changes anything.
+    let first = failed_metric_events(&client).await?;
+    let held = wait::until(
+        &format!("{HELD_SYNCS} more failed HPA syncs"),
+        STEP,
+        || async {
+            let r = replicas(&deployments).await?;
+            ensure!(
+                r == LOW_REPLICAS,
+                "the Deployment changed to {r} replicas while nightshift was down"
+            );
+            let n = failed_metric_events(&client).await?;
+            Ok(if n >= first + HELD_SYNCS as i32 {
+                Check::Done(n - first)
+            } else {
+                Check::Pending(format!("{} more failed syncs", n - first))
+            })
+        },
+    )
+    .await?;
+    let hpa_after = hpas.get(HPA).await?;
+    ensure!(
+        hpa_after
+            .status
+            .as_ref()
+            .and_then(|s| s.last_scale_time.clone())
+            == last_scale,
+        "the HPA scaled while nightshift was down"
+    );
+    ensure!(
+        scaler_failures(&client, "empty metric spec").await? > 0,
+        "KEDA should report that it cannot read the metric spec: {:?}",
+        scaler_failure_messages(&client).await?
+    );
+    let so = scaled_objects.get(SCALED_OBJECT).await?;
+    ensure!(
+        condition(&so, "Fallback").is_none_or(|(s, _)| s != "True"),
+        "KEDA should not fall back when it cannot read the metric spec: {:?}",
+        condition(&so, "Fallback")
+    );
+    ensure!(
+        external_metric(c).await.is_err(),
+        "the external metrics API should fail while nightshift is down"
+    );
+    eprintln!(
+        "loop: nightshift killed: HPA ScalingActive=False ({failed_get}) after {:.2} s; held \
+         {LOW_REPLICAS} replicas over {held} more failed syncs, no fallback",
+        to_failed.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `manifests/examples/vllm/deployment.yaml` for this cluster: its namespace, and the kwok
+/// pool's name and taint instead of the example's `h100` pool and `nvidia.com/gpu` taint.
+fn example_deployment() -> Result<Value> {
+    let mut d = read_example("deployment.yaml")?;
+    d["metadata"]["namespace"] = json!(INFERENCE_NS);
+    let spec = &mut d["spec"]["template"]["spec"];
+    spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] =
+        json!([{"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": [POOL]}]}]);
+    spec["tolerations"] = json!([objects::pool_toleration()]);
+    Ok(d)
+}
+
+/// `manifests/examples/vllm/scaledobject.yaml` for this cluster: its namespace, nightshift's and
+/// Prometheus's addresses (the Prometheus source instead of scraping the Service's pods, which
+/// kwok does not run), and timings compressed from minutes to seconds.
+fn example_scaled_object(scaler: &str, prometheus: &str) -> Result<Value> {
+    let mut so = read_example("scaledobject.yaml")?;
+    so["metadata"]["namespace"] = json!(INFERENCE_NS);
+    so["spec"]["pollingInterval"] = json!(POLLING_INTERVAL);
+    let meta = &mut so["spec"]["triggers"][0]["metadata"];
+    meta["scalerAddress"] = json!(scaler);
+    let m = meta
+        .as_object_mut()
+        .ok_or_else(|| anyhow!("the example's trigger has no metadata"))?;
+    m.remove("service");
+    m.remove("port");
+    m.insert("serverAddress".into(), json!(prometheus));
+    ensure!(
+        m.get("waitingTarget") == Some(&json!("5")) && m.get("model") == Some(&json!(MODEL)),
+        "the example's trigger changed: {m:?}"
+    );
+    let behavior = &mut so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"];
+    behavior["scaleDown"]["stabilizationWindowSeconds"] = json!(1);
+    for direction in ["scaleUp", "scaleDown"] {
+        if let Some(policies) = behavior[direction]["policies"].as_array_mut() {
+            for p in policies {
+                p["periodSeconds"] = json!(1);
+            }
+        }
+    }
+    ensure!(
+        so["spec"]["fallback"]["replicas"] == FALLBACK_REPLICAS
+            && so["spec"]["fallback"]["behavior"] == "currentReplicasIfHigher",
+        "the example's fallback changed: {}",
+        so["spec"]["fallback"]
+    );
+    Ok(so)
+}
+
+fn read_example(file: &str) -> Result<Value> {
+    let path = binary::manifests_dir().join("examples/vllm").join(file);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+fn scaled_object_resource() -> ApiResource {
+    ApiResource {
+        group: "keda.sh".into(),
+        version: "v1alpha1".into(),
+        api_version: "keda.sh/v1alpha1".into(),
+        kind: "ScaledObject".into(),
+        plural: "scaledobjects".into(),
+    }
+}
+
+/// Status and reason of a ScaledObject condition.
+fn condition(so: &DynamicObject, kind: &str) -> Option<(String, String)> {
+    so.data["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or_default().to_string(),
+                c["reason"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+}
+
+/// Whether a pod's required node affinity asks for the spare mark in every term.
+fn requires_spare(p: &k8s_openapi::api::core::v1::Pod) -> bool {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .is_some_and(|r| {
+            !r.node_selector_terms.is_empty()
+                && r.node_selector_terms.iter().all(|t| {
+                    t.match_expressions
+                        .as_ref()
+                        .is_some_and(|es| es.iter().any(|e| e.key == SPARE))
+                })
+        })
+}
+
+/// The value the external metrics API serves for nightshift's metric of the ScaledObject, as
+/// the HPA reads it.
+async fn external_metric(c: &Cluster) -> Result<f64> {
+    let path = format!(
+        "/apis/external.metrics.k8s.io/v1beta1/namespaces/{INFERENCE_NS}/{METRIC}?labelSelector=scaledobject.keda.sh%2Fname%3D{SCALED_OBJECT}"
+    );
+    let req = http::Request::get(&path).body(Vec::new())?;
+    let body: Value = serde_json::from_str(&c.client.request_text(req).await?)?;
+    let q = body["items"][0]["value"]
+        .as_str()
+        .ok_or_else(|| anyhow!("no value in {body}"))?;
+    parse_quantity(q).ok_or_else(|| anyhow!("unparsable quantity {q:?}"))
+}
+
+/// A Kubernetes quantity as the metrics API writes values (`200`, `1500m`, `2k`).
+fn parse_quantity(q: &str) -> Option<f64> {
+    let (num, scale) = match q.strip_suffix('m') {
+        Some(n) => (n, 1e-3),
+        None => match q.strip_suffix('k') {
+            Some(n) => (n, 1e3),
+            None => (q, 1.0),
+        },
+    };
+    num.parse::<f64>().ok().map(|v| v * scale)
+}
+
+/// GPUs requested by the bound pods of both namespaces.
+async fn gpus_in_use(client: &kube::Client) -> Result<u32> {
+    Ok(victims::gpus_in_use(client, INFERENCE_NS).await?
+        + victims::gpus_in_use(client, RESEARCH_NS).await?)
+}
+
+/// How many times the HPA reported that it could not read the external metric (its warning
+/// events, counted as the event recorder aggregates them).
+async fn failed_metric_events(client: &kube::Client) -> Result<i32> {
+    let events: Api<Event> = Api::namespaced(client.clone(), INFERENCE_NS);
+    let list = events
+        .list(&ListParams::default().fields(&format!("involvedObject.name={HPA}")))
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("FailedGetExternalMetric"))
+        .map(occurrences)
+        .sum())
+}
+
+/// How often an event happened: the legacy recorder counts repeats in `count`, the
+/// `events.k8s.io` recorder (KEDA's) in `series.count`.
+fn occurrences(e: &Event) -> i32 {
+    let series = e.series.as_ref().and_then(|s| s.count).unwrap_or(0);
+    e.count.unwrap_or(0).max(series).max(1)
+}
+
+/// KEDA's `KEDAScalerFailed` warning events on the ScaledObject: message and count.
+async fn scaler_failure_messages(client: &kube::Client) -> Result<Vec<(String, i32)>> {
+    let events: Api<Event> = Api::namespaced(client.clone(), INFERENCE_NS);
+    let list = events
+        .list(&ListParams::default().fields(&format!(
+            "involvedObject.kind=ScaledObject,involvedObject.name={SCALED_OBJECT}"
+        )))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("KEDAScalerFailed"))
+        .map(|e| (e.message.clone().unwrap_or_default(), occurrences(&e)))
+        .collect())
+}
+
+/// How many times KEDA reported a scaler failure whose message contains `text`.
+async fn scaler_failures(client: &kube::Client, text: &str) -> Result<i32> {
+    Ok(scaler_failure_messages(client)
+        .await?
+        .iter()
+        .filter(|(m, _)| m.contains(text))
+        .map(|(_, n)| n)
+        .sum())
+}
+
+/// Waits until the number of GPU nodes carrying the spare mark satisfies `f`.
+async fn wait_spare_nodes(c: &Cluster, what: &str, f: impl Fn(usize) -> bool) -> Result<usize> {
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let f = &f;
+    wait::until(what, STEP, || async {
+        let n = nodes
+            .list(&ListParams::default().labels(&format!("{POOL_LABEL},{SPARE}")))
+            .await?
+            .items
+            .len();
+        Ok(if f(n) {
+            Check::Done(n)
+        } else {
+            Check::Pending(format!("{n} spare nodes"))
+        })
+    })
+    .await
+}
+
+async fn replicas(deployments: &Api<Deployment>) -> Result<i32> {
+    deployments
+        .get(DEPLOYMENT)
+        .await?
+        .spec
+        .and_then(|s| s.replicas)
+        .ok_or_else(|| anyhow!("deployment {DEPLOYMENT} has no spec.replicas"))
+}
+
+/// Waits until the stored Deployment asks for `want` replicas.
+async fn wait_replicas(c: &Cluster, deployments: &Api<Deployment>, want: i32) -> Result<()> {
+    wait::until(
+        &format!("{INFERENCE_NS}/{DEPLOYMENT} spec.replicas = {want}"),
+        STEP,
+        || async {
+            c.check_processes()?;
+            let r = replicas(deployments).await?;
+            Ok(if r == want {
+                Check::Done(())
+            } else {
+                Check::Pending(format!("spec.replicas = {r}"))
+            })
+        },
+    )
+    .await
+}
+
+/// Waits until the HPA's last computed desired replicas is `want`.
+async fn wait_hpa_desired(
+    c: &Cluster,
+    hpas: &Api<HorizontalPodAutoscaler>,
+    want: i32,
+) -> Result<()> {
+    wait::until(&format!("HPA desiredReplicas = {want}"), STEP, || async {
+        c.check_processes()?;
+        let h = hpas.get(HPA).await?;
+        let desired = h.status.as_ref().map(|s| s.desired_replicas);
+        Ok(if desired == Some(want) {
+            Check::Done(())
+        } else {
+            Check::Pending(format!(
+                "desiredReplicas {desired:?}, conditions {:?}",
+                h.status.and_then(|s| s.conditions)
+            ))
+        })
+    })
+    .await
+}
