@@ -403,6 +403,7 @@ pub fn render(view: &View) -> String {
         out,
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">\
+         <link rel=\"icon\" href=\"data:,\">\
          <title>nightshift: {title}</title><style>{STYLE}</style></head><body>\
          <h1>nightshift: {title}</h1><p class=\"meta\">As of {}. Lending is ",
         when(view.generated_at)
