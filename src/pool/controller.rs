@@ -244,14 +244,19 @@ impl PodNotice {
     pub fn disrupted(r: &DisruptionRecord) -> Self {
         let preempted = r.reason == "PreemptionByScheduler";
         let (reason, action, verb) = if preempted {
-            ("Preempted", "Preempt", "Preempted by the scheduler for inference")
+            (
+                "Preempted",
+                "Preempt",
+                "Preempted by the scheduler for inference",
+            )
         } else {
             ("Disrupted", "Disrupt", "Disrupted")
         };
         let node = r.node.as_deref().unwrap_or("no node");
-        let ran = r
-            .ran_seconds
-            .map_or_else(|| "before it started".to_string(), |s| format!("after running {}", age(s)));
+        let ran = r.ran_seconds.map_or_else(
+            || "before it started".to_string(),
+            |s| format!("after running {}", age(s)),
+        );
         let lost = r.lost_gpu_seconds.map_or_else(
             || "no work lost".to_string(),
             |s| {
@@ -268,8 +273,10 @@ impl PodNotice {
             reason,
             action,
             note: format!(
-                "{verb} ({}) on node {node} {ran}, holding {} GPUs; {lost}",
-                r.reason, r.gpus
+                "{verb} ({}) on node {node} {ran}, holding {} GPU{}; {lost}",
+                r.reason,
+                r.gpus,
+                if r.gpus == 1 { "" } else { "s" }
             ),
         }
     }
@@ -981,7 +988,11 @@ mod tests {
         let start = now()
             .checked_sub(jiff::SignedDuration::from_secs(5400))
             .expect("ts");
-        let p = pod("team-a", "sft").on("a").gpus(2).research().started(start);
+        let p = pod("team-a", "sft")
+            .on("a")
+            .gpus(2)
+            .research()
+            .started(start);
         c.on_pod_event(watcher::Event::Apply(p.clone().build()), now());
         c.on_pod_event(
             watcher::Event::Apply(p.clone().disrupted("PreemptionByScheduler", now()).build()),
@@ -989,7 +1000,11 @@ mod tests {
         );
         assert!(c.take_notices().is_empty(), "a standby publishes nothing");
         c.set_leader(true);
-        let q = pod("team-a", "eval").on("a").gpus(2).research().started(start);
+        let q = pod("team-a", "eval")
+            .on("a")
+            .gpus(2)
+            .research()
+            .started(start);
         c.on_pod_event(watcher::Event::Apply(q.clone().build()), now());
         c.on_pod_event(
             watcher::Event::Apply(q.disrupted("PreemptionByScheduler", now()).build()),
@@ -1025,10 +1040,7 @@ mod tests {
         c.reconcile(now(), t);
         assert_eq!(c.history().len(), 1);
         let s = c.sample(now());
-        assert_eq!(
-            (s.inference, s.research, s.free, s.headroom),
-            (1, 2, 5, 8)
-        );
+        assert_eq!((s.inference, s.research, s.free, s.headroom), (1, 2, 5, 8));
         let later = now()
             .checked_add(jiff::SignedDuration::from_secs(60))
             .expect("ts");

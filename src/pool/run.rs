@@ -142,8 +142,12 @@ async fn publish_notices(recorder: Recorder, mut notices: mpsc::Receiver<PodNoti
             secondary: None,
         };
         match recorder.publish(&event, &reference).await {
-            Ok(()) => tracing::debug!(namespace = %n.namespace, pod = %n.name, reason = n.reason, "event published"),
-            Err(e) => tracing::warn!(error = %e, namespace = %n.namespace, pod = %n.name, "could not publish an event on a research pod"),
+            Ok(()) => {
+                tracing::debug!(namespace = %n.namespace, pod = %n.name, reason = n.reason, "event published")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, namespace = %n.namespace, pod = %n.name, "could not publish an event on a research pod")
+            }
         }
     }
 }

@@ -56,7 +56,10 @@ pub struct Filter {
 
 impl Filter {
     fn namespace(&self) -> Option<&str> {
-        self.namespace.as_deref().map(str::trim).filter(|s| !s.is_empty())
+        self.namespace
+            .as_deref()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
     }
 }
 

@@ -163,16 +163,14 @@ pub fn build(report: &StatusReport, history: &History, namespace: Option<&str>) 
         );
     }
     for p in report.research_pods.iter().filter(|p| wanted(&p.namespace)) {
-        let u = by_ns
-            .entry(&p.namespace)
-            .or_insert_with(|| NamespaceUse {
-                namespace: p.namespace.clone(),
-                gpus_now: 0,
-                waiting_pods: 0,
-                gpu_hours_lent: 0.0,
-                preemptions: 0,
-                gpu_hours_lost: 0.0,
-            });
+        let u = by_ns.entry(&p.namespace).or_insert_with(|| NamespaceUse {
+            namespace: p.namespace.clone(),
+            gpus_now: 0,
+            waiting_pods: 0,
+            gpu_hours_lent: 0.0,
+            preemptions: 0,
+            gpu_hours_lost: 0.0,
+        });
         if p.node.is_none() && p.phase == "Pending" {
             u.waiting_pods += 1;
         }
@@ -223,7 +221,6 @@ pub fn build(report: &StatusReport, history: &History, namespace: Option<&str>) 
         nodes,
     }
 }
-
 
 /// Colours of the uses, the same in every chart and bar: blue inference, green research, orange
 /// headroom, light grey free (colour-blind-safe Tableau hues).
@@ -314,12 +311,7 @@ fn chart(out: &mut String, title: &str, points: &[Sample], to: i64, span: i64, t
     const LEFT: f64 = 40.0;
     const BOTTOM: f64 = 20.0;
     let from = to - span;
-    let top = points
-        .iter()
-        .map(|p| p.total())
-        .max()
-        .unwrap_or(0)
-        .max(1) as f64;
+    let top = points.iter().map(|p| p.total()).max().unwrap_or(0).max(1) as f64;
     let plot_w = W - LEFT - 10.0;
     let plot_h = H - BOTTOM - 10.0;
     let x = |at: i64| LEFT + (at - from) as f64 / span as f64 * plot_w;
@@ -537,7 +529,14 @@ pub fn render(view: &View) -> String {
     );
     let to = view.generated_at.as_second();
     out.push_str("<h3>Last 24 hours</h3>");
-    chart(&mut out, "GPUs by use, last 24 hours", &c.day, to, DAY, 6 * 3600);
+    chart(
+        &mut out,
+        "GPUs by use, last 24 hours",
+        &c.day,
+        to,
+        DAY,
+        6 * 3600,
+    );
     out.push_str("<h3>Last 7 days</h3>");
     chart(&mut out, "GPUs by use, last 7 days", &c.week, to, WEEK, DAY);
 

@@ -293,8 +293,11 @@ async fn preempted_research_gets_an_event(c: &Cluster, ns: &mut Nightshift) -> R
                 running?;
                 let list = events.list(&ListParams::default()).await?;
                 let found = list.items.into_iter().find(|e| {
+                    // The scheduler records a `Preempted` Event of its own (naming the preemptor).
                     e.reason.as_deref() == Some("Preempted")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("under-rbac")
+                        && e.reporting_controller.as_deref() == Some("nightshift-pool")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                            == Some("under-rbac")
                 });
                 Ok(match found {
                     Some(e) => Check::Done(e),
@@ -307,8 +310,7 @@ async fn preempted_research_gets_an_event(c: &Cluster, ns: &mut Nightshift) -> R
     .with_context(|| format!("end of nightshift's log:\n{}", ns.log_tail(30)))?;
     let note = event.note.clone().unwrap_or_default();
     ensure!(
-        event.reporting_controller.as_deref() == Some("nightshift-pool")
-            && event.type_.as_deref() == Some("Warning")
+        event.type_.as_deref() == Some("Warning")
             && event.regarding.as_ref().and_then(|r| r.uid.clone()) == uid
             && note.contains(&format!("on node {node}"))
             && note.contains("GPU-minutes of work lost"),

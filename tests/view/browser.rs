@@ -200,7 +200,9 @@ async fn a_person_reads_the_page_in_chromium_and_follows_a_namespace() {
             std::env::var("NIGHTSHIFT_REQUIRE_BROWSER").as_deref() != Ok("1"),
             "chromium and chromedriver are required but not found"
         );
-        eprintln!("skipped: chromium/chromedriver not installed (apt-get install chromium chromium-driver)");
+        eprintln!(
+            "skipped: chromium/chromedriver not installed (apt-get install chromium chromium-driver)"
+        );
         return;
     };
     // The view router over the fixture pool, served on loopback.
@@ -218,7 +220,7 @@ async fn a_person_reads_the_page_in_chromium_and_follows_a_namespace() {
 
     let driver = Driver::start(driver, chromium).await;
     let s = Session::new(&driver).await;
-    s.post("/window/rect", json!({"width": 1200, "height": 2200}))
+    s.post("/window/rect", json!({"width": 1200, "height": 1750}))
         .await;
     s.post("/url", json!({"url": page})).await;
     assert_eq!(s.text("h1").await, "nightshift: GPU pool");
@@ -254,16 +256,24 @@ async fn a_person_reads_the_page_in_chromium_and_follows_a_namespace() {
     s.post(&format!("/element/{link}/click"), json!({})).await;
     let url = s.get("/url").await;
     assert!(
-        url.as_str().is_some_and(|u| u.ends_with("/?namespace=team-a")),
+        url.as_str()
+            .is_some_and(|u| u.ends_with("/?namespace=team-a")),
         "{url}"
     );
-    assert_eq!(s.text("h1").await, "nightshift: GPU pool: research of team-a");
+    assert_eq!(
+        s.text("h1").await,
+        "nightshift: GPU pool: research of team-a"
+    );
     let namespaces = s.text("#namespaces").await;
     assert!(
         namespaces.contains("team-a") && !namespaces.contains("team-b"),
         "{namespaces}"
     );
-    assert!(s.text("body").await.contains("None since nightshift started."));
+    assert!(
+        s.text("body")
+            .await
+            .contains("None since nightshift started.")
+    );
     // Back to every namespace through the form: an empty filter.
     let input = s.element("input[name=namespace]").await;
     s.post(&format!("/element/{input}/clear"), json!({})).await;

@@ -69,7 +69,7 @@ pub fn controller() -> Arc<Mutex<Controller>> {
     let day = 24 * 60;
     for i in 0..day {
         // Research rises at night: a smooth, recognisable shape.
-        let research = (8.0 + 6.0 * (i as f64 / day as f64 * std::f64::consts::TAU).sin()) as u32;
+        let research = (8.0 + 4.0 * (i as f64 / day as f64 * std::f64::consts::TAU).sin()) as u32;
         c.record_sample(Sample {
             at: now.as_second() - (day - i) * 60,
             inference: 12,
@@ -149,7 +149,10 @@ async fn the_json_holds_the_same_figures_for_scripts() {
         .expect("team-b");
     // The preempted pod holds its GPUs until it is gone, as the scheduler counts.
     assert_eq!((team_b.gpus_now, team_b.preemptions), (8, 1));
-    assert_eq!(team_b.gpu_hours_lost, 4.0, "2 GPUs × 2 h without checkpoint");
+    assert_eq!(
+        team_b.gpu_hours_lost, 4.0,
+        "2 GPUs × 2 h without checkpoint"
+    );
     let team_a = v
         .namespaces
         .iter()
@@ -174,5 +177,8 @@ async fn the_namespace_filter_narrows_research_to_one_namespace() {
     assert!(html.contains("research of team-a"));
     assert!(!html.contains("rl-run-2"));
     let (_, _, all) = get("/?namespace=").await;
-    assert!(all.contains("rl-run-2"), "an empty filter shows every namespace");
+    assert!(
+        all.contains("rl-run-2"),
+        "an empty filter shows every namespace"
+    );
 }
