@@ -416,6 +416,11 @@ impl Ledger {
         record
     }
 
+    /// The pod with this key (its UID, or `namespace/name`).
+    pub fn pod(&self, key: &str) -> Option<&PodFacts> {
+        self.pods.get(key)
+    }
+
     /// Removes a pod. Returns a record when a research pod is newly seen disrupted.
     pub fn delete_pod(&mut self, pod: &PodFacts, now: Timestamp) -> Option<DisruptionRecord> {
         if let Some(relist) = self.relist.as_mut() {

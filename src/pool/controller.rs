@@ -20,7 +20,7 @@ use prometheus_client::{
 };
 
 use super::{
-    accounting::{DisruptionRecord, Ledger, NodeFacts, node_facts, pod_facts},
+    accounting::{DisruptionRecord, Ledger, NodeFacts, PodFacts, node_facts, pod_facts},
     history::{History, Sample},
     marks::{self, LabelPatch, Plan, Verdict},
     status::age,
@@ -231,15 +231,35 @@ pub struct PodNotice {
     pub name: String,
     /// The pod's UID (`kubectl describe` matches events by it).
     pub uid: Option<String>,
-    /// `Preempted` (by the scheduler) or `Disrupted` (evicted, deleted by a controller).
+    /// `Preempted` (by the scheduler), `Disrupted` (evicted, deleted by a controller) or `Lent`
+    /// (bound to spare GPUs).
     pub reason: &'static str,
-    /// `Preempt` or `Disrupt`.
+    /// `Preempt`, `Disrupt` or `Bind`.
     pub action: &'static str,
+    /// A warning (work was lost) rather than a normal event.
+    pub warning: bool,
     /// The human sentence.
     pub note: String,
 }
 
 impl PodNotice {
+    /// The notice for a research pod just bound to `gpus` GPUs of pool node `node`.
+    pub fn lent(pod: &PodFacts, node: &str, gpus: u64) -> Self {
+        Self {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: (!pod.key.contains('/')).then(|| pod.key.clone()),
+            reason: "Lent",
+            action: "Bind",
+            warning: false,
+            note: format!(
+                "Bound to {gpus} spare GPU{} of inference node {node}, lent while inference does \
+                 not need them; the pod is preempted when it does",
+                if gpus == 1 { "" } else { "s" }
+            ),
+        }
+    }
+
     /// The notice for a disrupted research pod: where, after how long, the work lost.
     pub fn disrupted(r: &DisruptionRecord) -> Self {
         let preempted = r.reason == "PreemptionByScheduler";
@@ -272,6 +292,7 @@ impl PodNotice {
             uid: r.uid.clone(),
             reason,
             action,
+            warning: true,
             note: format!(
                 "{verb} ({}) on node {node} {ran}, holding {} GPU{}; {lost}",
                 r.reason,
@@ -392,7 +413,14 @@ impl Controller {
     pub fn on_pod_event(&mut self, event: watcher::Event<Pod>, now: Timestamp) {
         let resource = &self.policy.vocabulary;
         let records: Vec<DisruptionRecord> = match event {
-            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => self
+            watcher::Event::Apply(pod) => {
+                let facts = pod_facts(&pod, resource);
+                if let Some(n) = self.newly_lent(&facts) {
+                    self.notices.push(n);
+                }
+                self.ledger.apply_pod(facts, now).into_iter().collect()
+            }
+            watcher::Event::InitApply(pod) => self
                 .ledger
                 .apply_pod(pod_facts(&pod, resource), now)
                 .into_iter()
@@ -422,6 +450,25 @@ impl Controller {
         if let Some(r) = self.ledger.apply_pod(pod, now) {
             self.record_disruption(r);
         }
+    }
+
+    /// The `Lent` notice when a research pod is newly seen bound to GPUs of a pool node (by the
+    /// leader, once synced: a re-list does not repeat it).
+    fn newly_lent(&self, pod: &PodFacts) -> Option<PodNotice> {
+        if !self.leader || !self.synced() || !pod.research || pod.terminal {
+            return None;
+        }
+        if self.notices.len() >= MAX_NOTICES {
+            return None;
+        }
+        let node = pod.node.as_deref()?;
+        let gpus = pod.gpus.filter(|g| *g > 0)?;
+        self.ledger.node(node)?;
+        let was_bound = self
+            .ledger
+            .pod(&pod.key)
+            .is_some_and(|old| old.node.is_some());
+        (!was_bound).then(|| PodNotice::lent(pod, node, gpus))
     }
 
     fn record_disruption(&mut self, r: DisruptionRecord) {
@@ -1006,6 +1053,8 @@ mod tests {
             .research()
             .started(start);
         c.on_pod_event(watcher::Event::Apply(q.clone().build()), now());
+        let lent: Vec<&str> = c.take_notices().iter().map(|n| n.reason).collect();
+        assert_eq!(lent, ["Lent"]);
         c.on_pod_event(
             watcher::Event::Apply(q.disrupted("PreemptionByScheduler", now()).build()),
             now(),
@@ -1023,6 +1072,43 @@ mod tests {
              checkpoint or start"
         );
         assert!(c.take_notices().is_empty(), "taken once");
+    }
+
+    #[test]
+    fn the_leader_notices_research_pods_bound_to_pool_gpus_once() {
+        let mut c = loaded(0, vec![node("a", 8).build()], vec![]);
+        c.set_leader(true);
+        let queued = pod("team-a", "sft").unbound().gpus(2).research();
+        c.on_pod_event(watcher::Event::Apply(queued.build()), now());
+        assert!(c.take_notices().is_empty(), "not bound yet");
+        let bound = pod("team-a", "sft").on("a").gpus(2).research();
+        c.on_pod_event(watcher::Event::Apply(bound.clone().build()), now());
+        let notices = c.take_notices();
+        assert_eq!(notices.len(), 1);
+        assert_eq!((notices[0].reason, notices[0].warning), ("Lent", false));
+        assert!(
+            notices[0]
+                .note
+                .starts_with("Bound to 2 spare GPUs of inference node a"),
+            "{}",
+            notices[0].note
+        );
+        c.on_pod_event(watcher::Event::Apply(bound.build()), now());
+        assert!(
+            c.take_notices().is_empty(),
+            "an update of a bound pod is not news"
+        );
+        for p in [
+            pod("inf", "vllm").on("a").gpus(2),
+            pod("team-a", "cpu-only").on("a").research(),
+            pod("team-a", "elsewhere").on("cpu-node").gpus(1).research(),
+        ] {
+            c.on_pod_event(watcher::Event::Apply(p.build()), now());
+        }
+        assert!(
+            c.take_notices().is_empty(),
+            "inference, GPU-less and off-pool pods are not lent GPUs"
+        );
     }
 
     #[test]

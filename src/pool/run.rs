@@ -135,7 +135,11 @@ async fn publish_notices(recorder: Recorder, mut notices: mpsc::Receiver<PodNoti
             ..ObjectReference::default()
         };
         let event = Event {
-            type_: EventType::Warning,
+            type_: if n.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
             reason: n.reason.to_string(),
             note: Some(n.note.clone()),
             action: n.action.to_string(),

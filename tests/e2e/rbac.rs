@@ -2,8 +2,8 @@
 //! `kubectl create token`), bound to the base ClusterRole and leader-election Role and nothing
 //! else, and every component works: the webhook's caches sync and it mutates pods, the pool
 //! controller takes the Lease and writes spare marks, the scaler discovers a Service's
-//! EndpointSlices, a research pod preempted by the scheduler gets nightshift's `Preempted`
-//! Event, and no API call is refused (`Forbidden`) in its log.
+//! EndpointSlices, a research pod gets nightshift's `Lent` Event when it binds and `Preempted`
+//! when the scheduler preempts it, and no API call is refused (`Forbidden`) in its log.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -260,8 +260,8 @@ async fn scenario(c: &Cluster) -> Result<()> {
 }
 
 /// The research pod `under-rbac` (one GPU) runs; an inference pod that only its node may take
-/// and that needs the whole node makes the scheduler preempt it; the pool leader then records
-/// a `Preempted` Event on it, naming the node and the work lost.
+/// and that needs the whole node makes the scheduler preempt it. The pool leader records a
+/// `Lent` Event when the pod binds and a `Preempted` Event naming the node and the work lost.
 async fn preempted_research_gets_an_event(c: &Cluster, ns: &mut Nightshift) -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), NS);
     let victim = wait::until("the research pod under-rbac running", STEP, || async {
@@ -283,8 +283,8 @@ async fn preempted_research_gets_an_event(c: &Cluster, ns: &mut Nightshift) -> R
     )
     .await?;
     let events: Api<Event> = Api::namespaced(c.client.clone(), NS);
-    let event = wait::until(
-        "nightshift's Preempted Event on the research pod",
+    let (lent, event) = wait::until(
+        "nightshift's Lent and Preempted Events on the research pod",
         STEP,
         || {
             let running = ns.check_running();
@@ -292,22 +292,36 @@ async fn preempted_research_gets_an_event(c: &Cluster, ns: &mut Nightshift) -> R
             async move {
                 running?;
                 let list = events.list(&ListParams::default()).await?;
-                let found = list.items.into_iter().find(|e| {
-                    // The scheduler records a `Preempted` Event of its own (naming the preemptor).
-                    e.reason.as_deref() == Some("Preempted")
-                        && e.reporting_controller.as_deref() == Some("nightshift-pool")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
-                            == Some("under-rbac")
-                });
-                Ok(match found {
-                    Some(e) => Check::Done(e),
-                    None => Check::Pending("no Preempted event yet".into()),
+                // The scheduler records a `Preempted` Event of its own (naming the preemptor).
+                let ours = |reason: &str| {
+                    list.items.iter().find(|e| {
+                        e.reason.as_deref() == Some(reason)
+                            && e.reporting_controller.as_deref() == Some("nightshift-pool")
+                            && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                                == Some("under-rbac")
+                    })
+                };
+                Ok(match (ours("Lent"), ours("Preempted")) {
+                    (Some(l), Some(p)) => Check::Done((l.clone(), p.clone())),
+                    (l, p) => Check::Pending(format!(
+                        "Lent event {}, Preempted event {}",
+                        l.is_some(),
+                        p.is_some()
+                    )),
                 })
             }
         },
     )
     .await
     .with_context(|| format!("end of nightshift's log:\n{}", ns.log_tail(30)))?;
+    ensure!(
+        lent.type_.as_deref() == Some("Normal")
+            && lent
+                .note
+                .as_deref()
+                .is_some_and(|n| n.contains(&format!("inference node {node}"))),
+        "unexpected Lent event: {lent:?}"
+    );
     let note = event.note.clone().unwrap_or_default();
     ensure!(
         event.type_.as_deref() == Some("Warning")
