@@ -277,7 +277,7 @@ impl PodNotice {
             || "before it started".to_string(),
             |s| format!("after running {}", age(s)),
         );
-        let lost = r.lost_gpu_seconds.map_or_else(
+        let lost = r.lost_gpu_seconds.filter(|s| *s > 0).map_or_else(
             || "no work lost".to_string(),
             |s| {
                 format!(

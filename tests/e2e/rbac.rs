@@ -330,6 +330,19 @@ async fn preempted_research_gets_an_event(c: &Cluster, ns: &mut Nightshift) -> R
             && note.contains("GPU-minutes of work lost"),
         "unexpected event: {event:?}"
     );
+    // The researchers' view of the running binary lists the preemption for the namespace.
+    let view: serde_json::Value =
+        serde_json::from_str(&ns.view_get(&format!("/api/view?namespace={NS}")).await?)?;
+    ensure!(
+        view["preemptions"][0]["pod"] == "under-rbac" && view["preemptions"][0]["node"] == *node,
+        "the view does not list the preemption: {}",
+        view["preemptions"]
+    );
+    let page = ns.view_get(&format!("/?namespace={NS}")).await?;
+    ensure!(
+        page.contains("under-rbac") && page.contains("research of e2e-rbac"),
+        "the page does not show the preemption"
+    );
     eprintln!(
         "rbac: research pod preempted on {node}; nightshift's Event {:.2} s after the inference \
          pod was created: {note}",
