@@ -112,7 +112,16 @@ pub async fn start(
         let controller = controller.clone();
         async move {
             watch_and_patch(
-                client, selector, controller, patcher, notice_tx, leader_rx, ready, token,
+                client,
+                selector,
+                controller,
+                Outputs {
+                    patcher,
+                    notices: notice_tx,
+                },
+                leader_rx,
+                ready,
+                token,
             )
             .await?;
             Ok(())
@@ -204,6 +213,13 @@ async fn elect(
     }
 }
 
+/// Where the watch loop sends what the controller decides: label patches to the API server,
+/// notices to the event publisher.
+struct Outputs {
+    patcher: KubePatcher,
+    notices: mpsc::Sender<PodNotice>,
+}
+
 /// Feeds the controller from the watches of pool nodes and of every pod, follows the
 /// leadership, and sends the patches the controller asks for on every tick. Runs until shutdown
 /// (or until a watch ends, which is an error).
@@ -211,8 +227,7 @@ async fn watch_and_patch(
     client: kube::Client,
     selector: String,
     controller: Shared,
-    patcher: KubePatcher,
-    notices: mpsc::Sender<PodNotice>,
+    Outputs { patcher, notices }: Outputs,
     mut leader: watch::Receiver<bool>,
     ready: ReadyHandle,
     token: CancellationToken,
