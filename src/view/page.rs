@@ -282,12 +282,15 @@ fn when(t: Timestamp) -> String {
     t.strftime("%Y-%m-%d %H:%M UTC").to_string()
 }
 
-/// A horizontal bar of `u`, `width` pixels wide.
-fn bar(out: &mut String, u: &Use, width: f64, height: u32) {
+/// A horizontal bar of `u`, drawn `width` units wide and shown `shown` wide (CSS: `160` or
+/// `100%`).
+fn bar(out: &mut String, u: &Use, width: f64, height: u32, shown: &str) {
     let total = u.total().max(1) as f64;
     let _ = write!(
         out,
-        "<svg width=\"{width}\" height=\"{height}\" role=\"img\" aria-label=\"{} inference, {} research, {} headroom, {} free\">",
+        "<svg width=\"{shown}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" \
+         preserveAspectRatio=\"none\" role=\"img\" aria-label=\"{} inference, {} research, {} \
+         headroom, {} free\">",
         u.inference, u.research, u.headroom, u.free
     );
     let mut x = 0.0;
@@ -446,7 +449,7 @@ pub fn render(view: &View) -> String {
         );
     }
     let _ = write!(out, "</div><p>{} GPUs in all.</p>", p.gpus.total());
-    bar(&mut out, &p.gpus, 1000.0, 18);
+    bar(&mut out, &p.gpus, 1000.0, 18, "100%");
 
     out.push_str("<h2>Research by namespace</h2>");
     if view.namespaces.is_empty() {
@@ -557,7 +560,7 @@ pub fn render(view: &View) -> String {
             n.gpus.headroom,
             n.gpus.free
         );
-        bar(&mut out, &n.gpus, 160.0, 12);
+        bar(&mut out, &n.gpus, 160.0, 12, "160");
         out.push_str("</td></tr>");
     }
     out.push_str(

@@ -220,7 +220,7 @@ async fn a_person_reads_the_page_in_chromium_and_follows_a_namespace() {
 
     let driver = Driver::start(driver, chromium).await;
     let s = Session::new(&driver).await;
-    s.post("/window/rect", json!({"width": 1200, "height": 1750}))
+    s.post("/window/rect", json!({"width": 1200, "height": 1950}))
         .await;
     s.post("/url", json!({"url": page})).await;
     assert_eq!(s.text("h1").await, "nightshift: GPU pool");
@@ -232,6 +232,11 @@ async fn a_person_reads_the_page_in_chromium_and_follows_a_namespace() {
     assert!(
         preemptions.contains("team-b") && preemptions.contains("rl-run-2"),
         "{preemptions}"
+    );
+    let namespaces = s.text("#namespaces").await;
+    assert!(
+        namespaces.contains("team-b 8 0 16.0 1 4.0"),
+        "team-b's row as shown: {namespaces}"
     );
     let errors = s.console_errors().await;
     assert!(errors.is_empty(), "console errors: {errors:?}");

@@ -78,7 +78,10 @@ pub fn controller() -> Arc<Mutex<Controller>> {
             headroom: 8,
         });
     }
-    c.reconcile(now, tokio::time::Instant::now());
+    // Two hours of lending: team-a 2 GPUs × 2 h, team-b 8 GPUs × 2 h.
+    let t0 = tokio::time::Instant::now();
+    c.reconcile(now, t0);
+    c.reconcile(now, t0 + std::time::Duration::from_secs(7200));
     Arc::new(Mutex::new(c))
 }
 
