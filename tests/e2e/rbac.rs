@@ -327,7 +327,10 @@ async fn preempted_research_gets_an_event(c: &Cluster, ns: &mut Nightshift) -> R
         event.type_.as_deref() == Some("Warning")
             && event.regarding.as_ref().and_then(|r| r.uid.clone()) == uid
             && note.contains(&format!("on node {node}"))
-            && note.contains("GPU-minutes of work lost"),
+            && note.contains("after running")
+            // The pod runs about a second here: "about N GPU-minutes of work lost" or, at
+            // 0 s, "no work lost".
+            && note.contains("work lost"),
         "unexpected event: {event:?}"
     );
     // The researchers' view of the running binary lists the preemption for the namespace.
