@@ -14,6 +14,7 @@ use crate::{
     scaler::{self, ScalerArgs},
     sim::SimArgs,
     telemetry::LogArgs,
+    view::{self, ViewArgs},
     vocabulary::VocabularyArgs,
     webhook::{self, WebhookArgs, certs},
 };
@@ -70,6 +71,9 @@ pub struct RunCommandArgs {
 
     #[command(flatten)]
     pub pool: PoolArgs,
+
+    #[command(flatten)]
+    pub view: ViewArgs,
 }
 
 /// Options of `nightshift scaler`.
@@ -115,6 +119,9 @@ pub struct PoolCommandArgs {
 
     #[command(flatten)]
     pub pool: PoolArgs,
+
+    #[command(flatten)]
+    pub view: ViewArgs,
 }
 
 /// Options of `nightshift status`.
@@ -187,7 +194,7 @@ struct Components {
 struct Named {
     vocabulary: VocabularyArgs,
     webhook: Option<WebhookArgs>,
-    pool: Option<PoolArgs>,
+    pool: Option<(PoolArgs, ViewArgs)>,
 }
 
 impl From<RunCommandArgs> for Components {
@@ -199,6 +206,7 @@ impl From<RunCommandArgs> for Components {
             scaler,
             webhook,
             pool,
+            view,
         } = args;
         Self {
             admin,
@@ -207,7 +215,7 @@ impl From<RunCommandArgs> for Components {
             named: Some(Named {
                 vocabulary,
                 webhook: Some(webhook),
-                pool: Some(pool),
+                pool: Some((pool, view)),
             }),
             needs_cluster: None,
         }
@@ -262,6 +270,7 @@ impl From<PoolCommandArgs> for Components {
             shutdown,
             vocabulary,
             pool,
+            view,
         } = args;
         Self {
             admin,
@@ -270,7 +279,7 @@ impl From<PoolCommandArgs> for Components {
             named: Some(Named {
                 vocabulary,
                 webhook: None,
-                pool: Some(pool),
+                pool: Some((pool, view)),
             }),
             needs_cluster: None,
         }
@@ -304,8 +313,19 @@ async fn run_components(components: Components) -> anyhow::Result<()> {
         if let Some(args) = webhook {
             webhook::start(args, &vocabulary, &mut ctx).await?;
         }
-        if let Some(args) = pool {
-            pool::run::start(args, vocabulary, &mut ctx).await?;
+        if let Some((args, view_args)) = pool {
+            match pool::run::start(args, vocabulary, &mut ctx).await? {
+                Some(controller) => {
+                    let listener = view::bind(view_args.view_addr).await?;
+                    let token = ctx.supervisor.shutdown_token();
+                    let router = view::router(controller);
+                    ctx.supervisor.spawn("view", async move {
+                        view::serve(listener, router, token).await?;
+                        Ok(())
+                    });
+                }
+                None => tracing::warn!("no Kubernetes cluster: the researchers' view is off"),
+            }
         }
     }
     ctx.serve(admin.admin_addr, shutdown.drain_timeout).await

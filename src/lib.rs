@@ -10,6 +10,7 @@
 //! - [`sources`]: where vLLM metrics come from (Prometheus, direct scrape of vLLM pods).
 //! - [`webhook`]: the mutating admission webhook that marks research pods.
 //! - [`pool`]: spare-GPU accounting, spare marks on nodes, preemption tracking, status.
+//! - [`view`]: the researchers' web page of the pool (and its JSON), on a port of its own.
 //! - [`vocabulary`]: the names the webhook and the pool share (labels, PriorityClasses, the GPU
 //!   resource), set once for both.
 //! - [`sim`]: the trace-driven simulator that estimates the GPU-hours freed.
@@ -32,6 +33,7 @@ pub mod sim;
 pub mod sources;
 pub mod telemetry;
 pub mod tls;
+pub mod view;
 pub mod vocabulary;
 pub mod webhook;
 

@@ -355,6 +355,9 @@ pub struct DisruptionRecord {
     /// (`nightshift.io/checkpointed-at`), or since it started. `None` if it never started.
     #[serde(default)]
     pub lost_gpu_seconds: Option<u64>,
+    /// The pod's UID, when the API server gave one (events name the pod by it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
 }
 
 /// Per-node GPU sums over every pod, updated incrementally.
@@ -411,6 +414,11 @@ impl Ledger {
         let record = newly_disrupted(old.as_ref(), &pod, self.synced_pods, now);
         self.pods.insert(pod.key.clone(), pod);
         record
+    }
+
+    /// The pod with this key (its UID, or `namespace/name`).
+    pub fn pod(&self, key: &str) -> Option<&PodFacts> {
+        self.pods.get(key)
     }
 
     /// Removes a pod. Returns a record when a research pod is newly seen disrupted.
@@ -628,6 +636,8 @@ impl DisruptionRecord {
             at,
             lost_gpu_seconds: lost_work(pod.started, pod.checkpointed, at)
                 .map(|secs| secs.saturating_mul(gpus)),
+            // The key is the UID, or `namespace/name` without one (a UID never holds a `/`).
+            uid: (!pod.key.contains('/')).then(|| pod.key.clone()),
         }
     }
 }

@@ -20,8 +20,10 @@ use prometheus_client::{
 };
 
 use super::{
-    accounting::{DisruptionRecord, Ledger, NodeFacts, node_facts, pod_facts},
-    marks::{self, LabelPatch, Plan},
+    accounting::{DisruptionRecord, Ledger, NodeFacts, PodFacts, node_facts, pod_facts},
+    history::{History, Sample},
+    marks::{self, LabelPatch, Plan, Verdict},
+    status::age,
     status::{NamespaceStatus, NodeStatus, ResearchPod, StatusReport},
     windows::Windows,
 };
@@ -211,6 +213,94 @@ pub struct Controller {
     namespaces: BTreeMap<String, NamespaceTotals>,
     node_relist: Option<Vec<NodeFacts>>,
     metrics: Metrics,
+    /// GPUs by use, one sample a minute, for the researchers' view.
+    history: History,
+    /// Events for research pods, to publish (leader only), oldest first.
+    notices: Vec<PodNotice>,
+}
+
+/// Most notices kept for publishing: the publisher drains them every reconcile pass, so this
+/// bounds memory only while the API server is unreachable (a burst of preemptions is 64 pods or
+/// so; a thousand covers many of them).
+pub const MAX_NOTICES: usize = 1000;
+
+/// A Kubernetes Event to publish on a research pod, decided here and sent by [`super::run`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodNotice {
+    pub namespace: String,
+    pub name: String,
+    /// The pod's UID (`kubectl describe` matches events by it).
+    pub uid: Option<String>,
+    /// `Preempted` (by the scheduler), `Disrupted` (evicted, deleted by a controller) or `Lent`
+    /// (bound to spare GPUs).
+    pub reason: &'static str,
+    /// `Preempt`, `Disrupt` or `Bind`.
+    pub action: &'static str,
+    /// A warning (work was lost) rather than a normal event.
+    pub warning: bool,
+    /// The human sentence.
+    pub note: String,
+}
+
+impl PodNotice {
+    /// The notice for a research pod just bound to `gpus` GPUs of pool node `node`.
+    pub fn lent(pod: &PodFacts, node: &str, gpus: u64) -> Self {
+        Self {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: (!pod.key.contains('/')).then(|| pod.key.clone()),
+            reason: "Lent",
+            action: "Bind",
+            warning: false,
+            note: format!(
+                "Bound to {gpus} spare GPU{} of inference node {node}, lent while inference does \
+                 not need them; the pod is preempted when it does",
+                if gpus == 1 { "" } else { "s" }
+            ),
+        }
+    }
+
+    /// The notice for a disrupted research pod: where, after how long, the work lost.
+    pub fn disrupted(r: &DisruptionRecord) -> Self {
+        let preempted = r.reason == "PreemptionByScheduler";
+        let (reason, action, verb) = if preempted {
+            (
+                "Preempted",
+                "Preempt",
+                "Preempted by the scheduler for inference",
+            )
+        } else {
+            ("Disrupted", "Disrupt", "Disrupted")
+        };
+        let node = r.node.as_deref().unwrap_or("no node");
+        let ran = r.ran_seconds.map_or_else(
+            || "before it started".to_string(),
+            |s| format!("after running {}", age(s)),
+        );
+        let lost = r.lost_gpu_seconds.filter(|s| *s > 0).map_or_else(
+            || "no work lost".to_string(),
+            |s| {
+                format!(
+                    "about {} GPU-minutes of work lost since its last checkpoint or start",
+                    s.div_ceil(60)
+                )
+            },
+        );
+        Self {
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+            uid: r.uid.clone(),
+            reason,
+            action,
+            warning: true,
+            note: format!(
+                "{verb} ({}) on node {node} {ran}, holding {} GPU{}; {lost}",
+                r.reason,
+                r.gpus,
+                if r.gpus == 1 { "" } else { "s" }
+            ),
+        }
+    }
 }
 
 impl Controller {
@@ -229,6 +319,8 @@ impl Controller {
             namespaces: BTreeMap::new(),
             node_relist: None,
             metrics,
+            history: History::new(),
+            notices: Vec::new(),
         }
     }
 
@@ -242,6 +334,16 @@ impl Controller {
 
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// GPUs by use over the last week.
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// Takes the events waiting to be published.
+    pub fn take_notices(&mut self) -> Vec<PodNotice> {
+        std::mem::take(&mut self.notices)
     }
 
     /// Whether both watches have listed everything once.
@@ -311,7 +413,14 @@ impl Controller {
     pub fn on_pod_event(&mut self, event: watcher::Event<Pod>, now: Timestamp) {
         let resource = &self.policy.vocabulary;
         let records: Vec<DisruptionRecord> = match event {
-            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => self
+            watcher::Event::Apply(pod) => {
+                let facts = pod_facts(&pod, resource);
+                if let Some(n) = self.newly_lent(&facts) {
+                    self.notices.push(n);
+                }
+                self.ledger.apply_pod(facts, now).into_iter().collect()
+            }
+            watcher::Event::InitApply(pod) => self
                 .ledger
                 .apply_pod(pod_facts(&pod, resource), now)
                 .into_iter()
@@ -341,6 +450,25 @@ impl Controller {
         if let Some(r) = self.ledger.apply_pod(pod, now) {
             self.record_disruption(r);
         }
+    }
+
+    /// The `Lent` notice when a research pod is newly seen bound to GPUs of a pool node (by the
+    /// leader, once synced: a re-list does not repeat it).
+    fn newly_lent(&self, pod: &PodFacts) -> Option<PodNotice> {
+        if !self.leader || !self.synced() || !pod.research || pod.terminal {
+            return None;
+        }
+        if self.notices.len() >= MAX_NOTICES {
+            return None;
+        }
+        let node = pod.node.as_deref()?;
+        let gpus = pod.gpus.filter(|g| *g > 0)?;
+        self.ledger.node(node)?;
+        let was_bound = self
+            .ledger
+            .pod(&pod.key)
+            .is_some_and(|old| old.node.is_some());
+        (!was_bound).then(|| PodNotice::lent(pod, node, gpus))
     }
 
     fn record_disruption(&mut self, r: DisruptionRecord) {
@@ -377,6 +505,11 @@ impl Controller {
         let ns = self.namespaces.entry(r.namespace.clone()).or_default();
         ns.preemptions += 1;
         ns.lost_gpu_seconds += lost;
+        // One replica tells the pod's owners; a standby that takes over later does not repeat
+        // what the old leader published.
+        if self.leader && self.notices.len() < MAX_NOTICES {
+            self.notices.push(PodNotice::disrupted(&r));
+        }
         if self.recent.len() == RECENT_DISRUPTIONS {
             self.recent.pop_front();
         }
@@ -416,6 +549,9 @@ impl Controller {
             .spare_gpus
             .set(i64::try_from(self.plan.spare_gpus()).unwrap_or(i64::MAX));
         self.metrics.lending_open.set(i64::from(self.lending_open));
+        if self.synced() {
+            self.history.record(self.sample(now));
+        }
         if !self.leader || !self.synced() {
             return Vec::new();
         }
@@ -428,6 +564,31 @@ impl Controller {
             self.metrics.last_reconcile.set(now.as_second());
         }
         patches
+    }
+
+    /// GPUs by use now, from the last plan: free GPUs of headroom nodes are held back.
+    pub fn sample(&self, now: Timestamp) -> Sample {
+        let mut s = Sample {
+            at: now.as_second(),
+            ..Sample::default()
+        };
+        let n = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+        for p in &self.plan.nodes {
+            s.inference = s.inference.saturating_add(n(p.gpus.protected));
+            s.research = s.research.saturating_add(n(p.gpus.lent));
+            if p.verdict == Verdict::Headroom {
+                s.headroom = s.headroom.saturating_add(n(p.gpus.free));
+            } else {
+                s.free = s.free.saturating_add(n(p.gpus.free));
+            }
+        }
+        s
+    }
+
+    /// Records a sample directly (tests and benchmarks fill a week without waiting for it).
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn record_sample(&mut self, sample: Sample) {
+        self.history.record(sample);
     }
 
     /// Adds the GPU-seconds lent since the last call, in all and per namespace (lent GPUs change
@@ -866,6 +1027,111 @@ mod tests {
             "{}",
             encode(c.metrics())
         );
+    }
+
+    #[test]
+    fn the_leader_alone_notices_preempted_research_pods() {
+        let mut c = loaded(0, vec![node("a", 8).build()], vec![]);
+        let start = now()
+            .checked_sub(jiff::SignedDuration::from_secs(5400))
+            .expect("ts");
+        let p = pod("team-a", "sft")
+            .on("a")
+            .gpus(2)
+            .research()
+            .started(start);
+        c.on_pod_event(watcher::Event::Apply(p.clone().build()), now());
+        c.on_pod_event(
+            watcher::Event::Apply(p.clone().disrupted("PreemptionByScheduler", now()).build()),
+            now(),
+        );
+        assert!(c.take_notices().is_empty(), "a standby publishes nothing");
+        c.set_leader(true);
+        let q = pod("team-a", "eval")
+            .on("a")
+            .gpus(2)
+            .research()
+            .started(start);
+        c.on_pod_event(watcher::Event::Apply(q.clone().build()), now());
+        let lent: Vec<&str> = c.take_notices().iter().map(|n| n.reason).collect();
+        assert_eq!(lent, ["Lent"]);
+        c.on_pod_event(
+            watcher::Event::Apply(q.disrupted("PreemptionByScheduler", now()).build()),
+            now(),
+        );
+        let notices = c.take_notices();
+        assert_eq!(notices.len(), 1);
+        let n = &notices[0];
+        assert_eq!((n.namespace.as_str(), n.name.as_str()), ("team-a", "eval"));
+        assert_eq!((n.reason, n.action), ("Preempted", "Preempt"));
+        assert!(n.uid.is_some(), "the fixture pod has a UID");
+        assert_eq!(
+            n.note,
+            "Preempted by the scheduler for inference (PreemptionByScheduler) on node a after \
+             running 1h30m, holding 2 GPUs; about 180 GPU-minutes of work lost since its last \
+             checkpoint or start"
+        );
+        assert!(c.take_notices().is_empty(), "taken once");
+    }
+
+    #[test]
+    fn the_leader_notices_research_pods_bound_to_pool_gpus_once() {
+        let mut c = loaded(0, vec![node("a", 8).build()], vec![]);
+        c.set_leader(true);
+        let queued = pod("team-a", "sft").unbound().gpus(2).research();
+        c.on_pod_event(watcher::Event::Apply(queued.build()), now());
+        assert!(c.take_notices().is_empty(), "not bound yet");
+        let bound = pod("team-a", "sft").on("a").gpus(2).research();
+        c.on_pod_event(watcher::Event::Apply(bound.clone().build()), now());
+        let notices = c.take_notices();
+        assert_eq!(notices.len(), 1);
+        assert_eq!((notices[0].reason, notices[0].warning), ("Lent", false));
+        assert!(
+            notices[0]
+                .note
+                .starts_with("Bound to 2 spare GPUs of inference node a"),
+            "{}",
+            notices[0].note
+        );
+        c.on_pod_event(watcher::Event::Apply(bound.build()), now());
+        assert!(
+            c.take_notices().is_empty(),
+            "an update of a bound pod is not news"
+        );
+        for p in [
+            pod("inf", "vllm").on("a").gpus(2),
+            pod("team-a", "cpu-only").on("a").research(),
+            pod("team-a", "elsewhere").on("cpu-node").gpus(1).research(),
+        ] {
+            c.on_pod_event(watcher::Event::Apply(p.build()), now());
+        }
+        assert!(
+            c.take_notices().is_empty(),
+            "inference, GPU-less and off-pool pods are not lent GPUs"
+        );
+    }
+
+    #[test]
+    fn usage_is_sampled_once_a_minute_with_headroom_apart() {
+        let mut c = loaded(
+            8,
+            vec![node("a", 8).build(), node("b", 8).build()],
+            vec![
+                pod("inf", "v").on("b").gpus(1).build(),
+                pod("res", "r").on("b").gpus(2).research().build(),
+            ],
+        );
+        let t = tokio::time::Instant::now();
+        c.reconcile(now(), t);
+        c.reconcile(now(), t);
+        assert_eq!(c.history().len(), 1);
+        let s = c.sample(now());
+        assert_eq!((s.inference, s.research, s.free, s.headroom), (1, 2, 5, 8));
+        let later = now()
+            .checked_add(jiff::SignedDuration::from_secs(60))
+            .expect("ts");
+        c.reconcile(later, t);
+        assert_eq!(c.history().len(), 2);
     }
 
     #[test]

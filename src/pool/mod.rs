@@ -4,6 +4,7 @@
 //! - [`marks`] (pure): which nodes are spare given the headroom, and the label patches.
 //! - [`windows`] (pure): daily lending windows.
 //! - [`controller`] (pure): the state machine between watch events and patches, plus metrics.
+//! - [`history`] (pure): GPUs by use over the last week, one sample a minute, for the view.
 //! - [`status`] (pure): the `/status` document and the `nightshift status` table.
 //! - [`lease`]: leader election over a Lease, so that one replica writes.
 //! - [`run`]: the running controller: election, watches, patches, the `/status` route.
@@ -18,6 +19,7 @@ pub mod accounting;
 pub mod controller;
 #[cfg(any(test, feature = "test-support"))]
 pub mod fixtures;
+pub mod history;
 pub mod lease;
 pub mod marks;
 pub mod report;

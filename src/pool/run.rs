@@ -8,18 +8,22 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use axum::{Json, Router, extract::State, routing::get};
 use futures::StreamExt;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::{
     Api,
     api::{Patch, PatchParams},
-    runtime::{WatchStreamExt, watcher},
+    runtime::{
+        WatchStreamExt,
+        events::{Event, EventType, Recorder, Reporter},
+        watcher,
+    },
 };
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::{
     Error, PoolArgs,
-    controller::{Controller, Metrics},
+    controller::{Controller, MAX_NOTICES, Metrics, PodNotice},
     lease::{Elector, LeaseClient, Timing},
     marks::LabelPatch,
     node_selector,
@@ -34,8 +38,13 @@ const FIELD_MANAGER: &str = "nightshift-pool";
 const RECONCILE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Starts the GPU-pool controller with the shared names: watches, leader election, marks,
-/// metrics, `/status`.
-pub async fn start(args: PoolArgs, vocabulary: Vocabulary, ctx: &mut Context) -> Result<(), Error> {
+/// events on disrupted research pods, metrics, `/status`. Returns the running controller (`None`
+/// without a cluster), for the researchers' view.
+pub async fn start(
+    args: PoolArgs,
+    vocabulary: Vocabulary,
+    ctx: &mut Context,
+) -> Result<Option<Shared>, Error> {
     let PoolArgs {
         lending,
         lease_namespace,
@@ -51,7 +60,7 @@ pub async fn start(args: PoolArgs, vocabulary: Vocabulary, ctx: &mut Context) ->
              tracking; /status answers 503)"
         );
         ctx.add_admin_routes(off_routes());
-        return Ok(());
+        return Ok(None);
     };
     let identity = identity
         .or_else(|| std::env::var("POD_NAME").ok())
@@ -76,6 +85,18 @@ pub async fn start(args: PoolArgs, vocabulary: Vocabulary, ctx: &mut Context) ->
     ctx.add_admin_routes(status_routes(controller.clone()));
     let ready = ctx.readiness.register("pool caches synced");
 
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: FIELD_MANAGER.to_string(),
+            instance: Some(identity.clone()),
+        },
+    );
+    let (notice_tx, notice_rx) = mpsc::channel(MAX_NOTICES);
+    ctx.supervisor.spawn("pool-events", async move {
+        publish_notices(recorder, notice_rx).await;
+        Ok(())
+    });
     let (leader_tx, leader_rx) = watch::channel(false);
     let elector = Elector::new(identity, Timing::from_lease_duration(lease_duration));
     let leases = LeaseClient::new(client.clone(), &lease_namespace, &lease_name);
@@ -87,14 +108,61 @@ pub async fn start(args: PoolArgs, vocabulary: Vocabulary, ctx: &mut Context) ->
             Ok(())
         }
     });
-    ctx.supervisor.spawn("pool-controller", async move {
-        watch_and_patch(
-            client, selector, controller, patcher, leader_rx, ready, token,
-        )
-        .await?;
-        Ok(())
+    ctx.supervisor.spawn("pool-controller", {
+        let controller = controller.clone();
+        async move {
+            watch_and_patch(
+                client,
+                selector,
+                controller,
+                Outputs {
+                    patcher,
+                    notices: notice_tx,
+                },
+                leader_rx,
+                ready,
+                token,
+            )
+            .await?;
+            Ok(())
+        }
     });
-    Ok(())
+    Ok(Some(controller))
+}
+
+/// Publishes the controller's notices as `events.k8s.io/v1` Events on the pods, until the
+/// sending side closes (at shutdown). kube's recorder turns a repeat of the same event within
+/// minutes into a series (one Event, a count) instead of a new object.
+async fn publish_notices(recorder: Recorder, mut notices: mpsc::Receiver<PodNotice>) {
+    while let Some(n) = notices.recv().await {
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(n.namespace.clone()),
+            name: Some(n.name.clone()),
+            uid: n.uid.clone(),
+            ..ObjectReference::default()
+        };
+        let event = Event {
+            type_: if n.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: n.reason.to_string(),
+            note: Some(n.note.clone()),
+            action: n.action.to_string(),
+            secondary: None,
+        };
+        match recorder.publish(&event, &reference).await {
+            Ok(()) => {
+                tracing::debug!(namespace = %n.namespace, pod = %n.name, reason = n.reason, "event published")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, namespace = %n.namespace, pod = %n.name, "could not publish an event on a research pod")
+            }
+        }
+    }
 }
 
 /// The `/status` route over a running controller.
@@ -145,6 +213,13 @@ async fn elect(
     }
 }
 
+/// Where the watch loop sends what the controller decides: label patches to the API server,
+/// notices to the event publisher.
+struct Outputs {
+    patcher: KubePatcher,
+    notices: mpsc::Sender<PodNotice>,
+}
+
 /// Feeds the controller from the watches of pool nodes and of every pod, follows the
 /// leadership, and sends the patches the controller asks for on every tick. Runs until shutdown
 /// (or until a watch ends, which is an error).
@@ -152,7 +227,7 @@ async fn watch_and_patch(
     client: kube::Client,
     selector: String,
     controller: Shared,
-    patcher: KubePatcher,
+    Outputs { patcher, notices }: Outputs,
     mut leader: watch::Receiver<bool>,
     ready: ReadyHandle,
     token: CancellationToken,
@@ -193,6 +268,11 @@ async fn watch_and_patch(
             _ = tick.tick() => {
                 reconcile_once(&controller, &patcher).await;
                 ready.set(lock(&controller).synced());
+                for n in lock(&controller).take_notices() {
+                    if notices.try_send(n).is_err() {
+                        tracing::warn!("too many events waiting to be published; one dropped");
+                    }
+                }
             }
         }
     }
@@ -253,10 +333,11 @@ impl NodePatcher for KubePatcher {
     }
 }
 
-/// The controller, shared between the watch loop and the `/status` handler.
-type Shared = Arc<Mutex<Controller>>;
+/// The controller, shared between the watch loop and the `/status` and view handlers.
+pub type Shared = Arc<Mutex<Controller>>;
 
-fn lock(c: &Mutex<Controller>) -> MutexGuard<'_, Controller> {
+/// Locks the shared controller.
+pub fn lock(c: &Mutex<Controller>) -> MutexGuard<'_, Controller> {
     // The controller's methods leave it consistent between statements; a panic elsewhere while
     // holding the lock does not make the data unusable.
     c.lock().unwrap_or_else(|p| p.into_inner())

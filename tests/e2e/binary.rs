@@ -53,6 +53,8 @@ pub struct Nightshift {
     pub admin: SocketAddr,
     /// Address of the KEDA external scaler (gRPC, plaintext).
     pub scaler: SocketAddr,
+    /// Address of the researchers' view (`/`, `/api/view`).
+    pub view: SocketAddr,
     http: reqwest::Client,
 }
 
@@ -157,6 +159,7 @@ impl Nightshift {
             "run".into(),
             "--admin-addr=127.0.0.1:0".into(),
             "--scaler-addr=127.0.0.1:0".into(),
+            "--view-addr=127.0.0.1:0".into(),
             format!("--webhook-addr=127.0.0.1:{webhook_port}"),
             format!("--webhook-cert={}", certs.join("tls.crt").display()),
             format!("--webhook-key={}", certs.join("tls.key").display()),
@@ -179,14 +182,15 @@ impl Nightshift {
         )?;
         let log = proc.log_path().to_path_buf();
         let started = Instant::now();
-        let (webhook, admin, scaler) = loop {
+        let (webhook, admin, scaler, view) = loop {
             proc.check_running()?;
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             let webhook = logged_addr(&text, "webhook listening (HTTPS)");
             let admin = logged_addr(&text, "admin server listening");
             let scaler = logged_addr(&text, "scaler gRPC server listening");
-            if let (Some(w), Some(a), Some(s)) = (webhook, admin, scaler) {
-                break (w, a, s);
+            let view = logged_addr(&text, "researchers' view listening");
+            if let (Some(w), Some(a), Some(s), Some(v)) = (webhook, admin, scaler, view) {
+                break (w, a, s, v);
             }
             if started.elapsed() > START_TIMEOUT {
                 bail!(
@@ -204,6 +208,7 @@ impl Nightshift {
             webhook,
             admin,
             scaler,
+            view,
             http,
         })
     }
@@ -237,6 +242,16 @@ impl Nightshift {
     /// GETs a path of the admin server and returns the body (fails on a non-2xx status).
     pub async fn admin_get(&self, path: &str) -> Result<String> {
         self.admin_api().get(path).await
+    }
+
+    /// GET `path` on the researchers' view; the body of a 200 answer.
+    pub async fn view_get(&self, path: &str) -> Result<String> {
+        let url = format!("http://{}{path}", self.view);
+        let response = self.http.get(&url).send().await?;
+        let status = response.status();
+        let body = response.text().await?;
+        anyhow::ensure!(status.is_success(), "{url}: {status}: {body}");
+        Ok(body)
     }
 
     /// The value of a counter or gauge in `/metrics` (summed over label sets); 0 if absent.

@@ -102,6 +102,25 @@ pub fn inference_deployment(name: &str, replicas: i32, gpus: u32) -> Result<Depl
     }))?)
 }
 
+/// An inference pod of `gpus` GPUs that only `node` may take (node affinity on its name, so
+/// that the scheduler preempts there rather than binding elsewhere).
+pub fn pinned_inference_pod(name: &str, node: &str, gpus: u32) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"role": "inference"}},
+        "spec": {
+            "priorityClassName": INFERENCE_CLASS,
+            "tolerations": [pool_toleration()],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [node]}
+                ]}]
+            }}},
+            "containers": [gpu_container("vllm", gpus)],
+        },
+    })
+}
+
 /// A research Job of `parallelism` one-GPU pods that run until deleted. With `marked`, the pods
 /// carry the research class, pool selector and toleration themselves (what the webhook would
 /// add); without, only the research label, for the webhook to mutate. Preemptions are ignored

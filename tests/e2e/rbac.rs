@@ -2,14 +2,16 @@
 //! `kubectl create token`), bound to the base ClusterRole and leader-election Role and nothing
 //! else, and every component works: the webhook's caches sync and it mutates pods, the pool
 //! controller takes the Lease and writes spare marks, the scaler discovers a Service's
-//! EndpointSlices, and no API call is refused (`Forbidden`) in its log.
+//! EndpointSlices, a research pod gets nightshift's `Lent` Event when it binds and `Preempted`
+//! when the scheduler preempts it, and no API call is refused (`Forbidden`) in its log.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
 use nightshift::scaler::service::proto::{
     GetMetricsRequest, ScaledObjectRef, external_scaler_client::ExternalScalerClient,
@@ -21,10 +23,13 @@ use crate::binary::{
     self, NAMESPACE, Nightshift, Registration, SPARE, SPARE_GPUS, Workspace, kubectl_ok,
     remove_spare_marks, token_kubeconfig,
 };
-use crate::cluster::{Cluster, GPU_NODES, POOL_LABEL};
+use crate::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE, POOL_LABEL};
+use crate::objects::{self, is_running, node_of};
 use crate::wait::{self, Check};
 
 const NS: &str = "e2e-rbac";
+/// Not a research namespace: its pod is inference, which preempts research.
+const INFERENCE_NS: &str = "e2e-rbac-inference";
 const SERVICE_ACCOUNT: &str = "nightshift";
 const LEASE: &str = "nightshift-pool";
 /// Far above the second the pool controller needs to write marks after its caches sync.
@@ -36,7 +41,9 @@ const PLACEHOLDER_PORT: u16 = 9;
 pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
     let c = &*cluster;
     let result = scenario(c).await;
-    result.and(binary::delete_namespace_now(c, NS).await)
+    result
+        .and(binary::delete_namespace_now(c, NS).await)
+        .and(binary::delete_namespace_now(c, INFERENCE_NS).await)
 }
 
 async fn scenario(c: &Cluster) -> Result<()> {
@@ -96,6 +103,10 @@ async fn scenario(c: &Cluster) -> Result<()> {
         ("delete", "pods", false),
         ("update", "nodes", false),
         ("get", "secrets", false),
+        ("create", "events.events.k8s.io", true),
+        ("patch", "events.events.k8s.io", true),
+        ("delete", "events.events.k8s.io", false),
+        ("list", "events.events.k8s.io", false),
     ] {
         let out = c.kubectl(&["auth", "can-i", verb, resource, "-A", "--as", &sa], None)?;
         let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
@@ -178,6 +189,7 @@ async fn scenario(c: &Cluster) -> Result<()> {
     wait_webhook_active(c, NS).await?;
     let pod = create_pod(&c.client, NS, research_pod("under-rbac", &[])).await?;
     assert_marked(&pod, true).context("research pod mutated by nightshift under RBAC")?;
+    preempted_research_gets_an_event(c, &mut ns).await?;
 
     // Scaler: a trigger naming a Service makes it list/watch that Service's EndpointSlices.
     // The pods behind it are kwok's (nothing answers on their addresses), so the call itself
@@ -247,6 +259,101 @@ async fn scenario(c: &Cluster) -> Result<()> {
     Ok(())
 }
 
+/// The research pod `under-rbac` (one GPU) runs; an inference pod that only its node may take
+/// and that needs the whole node makes the scheduler preempt it. The pool leader records a
+/// `Lent` Event when the pod binds and a `Preempted` Event naming the node and the work lost.
+async fn preempted_research_gets_an_event(c: &Cluster, ns: &mut Nightshift) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), NS);
+    let victim = wait::until("the research pod under-rbac running", STEP, || async {
+        let p = pods.get("under-rbac").await?;
+        Ok(match node_of(&p) {
+            Some(node) if is_running(&p) => Check::Done((node.to_string(), p.metadata.uid.clone())),
+            _ => Check::Pending("not running yet".into()),
+        })
+    })
+    .await?;
+    let (node, uid) = victim;
+    objects::ensure_priority_classes(&c.client).await?;
+    c.create_namespace(INFERENCE_NS, json!({})).await?;
+    let t = Instant::now();
+    create_pod(
+        &c.client,
+        INFERENCE_NS,
+        objects::pinned_inference_pod("takes-the-node", &node, GPUS_PER_NODE),
+    )
+    .await?;
+    let events: Api<Event> = Api::namespaced(c.client.clone(), NS);
+    let (lent, event) = wait::until(
+        "nightshift's Lent and Preempted Events on the research pod",
+        STEP,
+        || {
+            let running = ns.check_running();
+            let events = events.clone();
+            async move {
+                running?;
+                let list = events.list(&ListParams::default()).await?;
+                // The scheduler records a `Preempted` Event of its own (naming the preemptor).
+                let ours = |reason: &str| {
+                    list.items.iter().find(|e| {
+                        e.reason.as_deref() == Some(reason)
+                            && e.reporting_controller.as_deref() == Some("nightshift-pool")
+                            && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                                == Some("under-rbac")
+                    })
+                };
+                Ok(match (ours("Lent"), ours("Preempted")) {
+                    (Some(l), Some(p)) => Check::Done((l.clone(), p.clone())),
+                    (l, p) => Check::Pending(format!(
+                        "Lent event {}, Preempted event {}",
+                        l.is_some(),
+                        p.is_some()
+                    )),
+                })
+            }
+        },
+    )
+    .await
+    .with_context(|| format!("end of nightshift's log:\n{}", ns.log_tail(30)))?;
+    ensure!(
+        lent.type_.as_deref() == Some("Normal")
+            && lent
+                .note
+                .as_deref()
+                .is_some_and(|n| n.contains(&format!("inference node {node}"))),
+        "unexpected Lent event: {lent:?}"
+    );
+    let note = event.note.clone().unwrap_or_default();
+    ensure!(
+        event.type_.as_deref() == Some("Warning")
+            && event.regarding.as_ref().and_then(|r| r.uid.clone()) == uid
+            && note.contains(&format!("on node {node}"))
+            && note.contains("after running")
+            // The pod runs about a second here: "about N GPU-minutes of work lost" or, at
+            // 0 s, "no work lost".
+            && note.contains("work lost"),
+        "unexpected event: {event:?}"
+    );
+    // The researchers' view of the running binary lists the preemption for the namespace.
+    let view: serde_json::Value =
+        serde_json::from_str(&ns.view_get(&format!("/api/view?namespace={NS}")).await?)?;
+    ensure!(
+        view["preemptions"][0]["pod"] == "under-rbac" && view["preemptions"][0]["node"] == *node,
+        "the view does not list the preemption: {}",
+        view["preemptions"]
+    );
+    let page = ns.view_get(&format!("/?namespace={NS}")).await?;
+    ensure!(
+        page.contains("under-rbac") && page.contains("research of e2e-rbac"),
+        "the page does not show the preemption"
+    );
+    eprintln!(
+        "rbac: research pod preempted on {node}; nightshift's Event {:.2} s after the inference \
+         pod was created: {note}",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 /// Rules the base grants, as (API group, resource, verb).
 type Grant = (String, String, String);
 
@@ -259,7 +366,12 @@ async fn rbac_matches_audit(c: &Cluster, sa: &str) -> Result<()> {
     use std::collections::BTreeSet;
     /// A namespace is read directly only when a pod arrives before the namespace is in the
     /// webhook's cache (created a moment before): not forced here.
-    const NOT_EXERCISED: &[(&str, &str, &str)] = &[("", "namespaces", "get")];
+    /// An Event is patched only when the same one repeats within minutes (kube's recorder
+    /// counts it in a series): one preemption per pod does not.
+    const NOT_EXERCISED: &[(&str, &str, &str)] = &[
+        ("", "namespaces", "get"),
+        ("events.k8s.io", "events", "patch"),
+    ];
 
     let expand = |rules: Option<Vec<PolicyRule>>| -> BTreeSet<Grant> {
         let mut out = BTreeSet::new();

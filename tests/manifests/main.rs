@@ -449,6 +449,7 @@ fn deployment_is_highly_available_and_locked_down() {
     assert_eq!(container_port(container, "grpc"), 6000);
     assert_eq!(container_port(container, "webhook"), 8443);
     assert_eq!(container_port(container, "admin"), 8080);
+    assert_eq!(container_port(container, "view"), 8090);
     // Liveness over the scaler's gRPC health service, readiness over every component's /readyz
     // served on the webhook's HTTPS port.
     assert_eq!(container["livenessProbe"]["grpc"]["port"], 6000);
@@ -507,7 +508,7 @@ fn deployment_is_highly_available_and_locked_down() {
 }
 
 #[test]
-fn service_exposes_scaler_webhook_and_admin_ports() {
+fn service_exposes_scaler_webhook_admin_and_view_ports() {
     let Some(ws) = workspace() else { return };
     let base = ws.render("manifests/base");
     let service = base.get("Service", "nightshift");
@@ -530,7 +531,10 @@ fn service_exposes_scaler_webhook_and_admin_ports() {
         })
         .collect();
     seen.sort();
-    assert_eq!(seen, [(443, 8443), (6000, 6000), (8080, 8080)]);
+    assert_eq!(
+        seen,
+        [(443, 8443), (6000, 6000), (8080, 8080), (8090, 8090)]
+    );
 }
 
 #[test]
@@ -566,6 +570,7 @@ fn rbac_reads_cluster_state_and_writes_only_node_labels_and_its_lease() {
             expect("", "nodes", &["list", "patch", "watch"]),
             expect("", "pods", &["list", "watch"]),
             expect("discovery.k8s.io", "endpointslices", &["list", "watch"]),
+            expect("events.k8s.io", "events", &["create", "patch"]),
             expect("scheduling.k8s.io", "priorityclasses", &["list", "watch"]),
         ]
     );
@@ -591,7 +596,7 @@ fn rbac_reads_cluster_state_and_writes_only_node_labels_and_its_lease() {
 }
 
 #[test]
-fn network_policy_admits_scaler_from_keda_and_admin_from_monitoring() {
+fn network_policy_admits_scaler_from_keda_admin_from_monitoring_and_view_from_ingress() {
     let Some(ws) = workspace() else { return };
     let base = ws.render("manifests/base");
     let policy = base.get("NetworkPolicy", "nightshift");
@@ -620,6 +625,7 @@ fn network_policy_admits_scaler_from_keda_and_admin_from_monitoring() {
     };
     assert_eq!(sources_of(6000), ["keda"]);
     assert_eq!(sources_of(8080), ["monitoring"]);
+    assert_eq!(sources_of(8090), ["ingress-nginx"]);
     assert_eq!(
         sources_of(8443),
         ["<anywhere>"],

@@ -1,0 +1,134 @@
+//! The researchers' view at the target size: 1,000 nodes × 8 GPUs, 20,000 pods, research in 50
+//! namespaces, 100 recent preemptions and a full week of history (10,080 samples).
+//!
+//! `cargo bench --bench view -- --warm-up-time 1 --measurement-time 3`
+//! Targets: page ≤ 5 ms, JSON ≤ 2 ms (from the view data); building the view data from the
+//! controller is measured too.
+
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use jiff::Timestamp;
+use kube::runtime::watcher;
+use nightshift::{
+    pool::{
+        controller::{Controller, Metrics, Policy},
+        fixtures::{node, pod},
+        history::{CAPACITY, SAMPLE_SECONDS, Sample},
+        windows::Windows,
+    },
+    view::page,
+    vocabulary::Vocabulary,
+};
+
+const NODES: usize = 1_000;
+const GPUS_PER_NODE: u64 = 8;
+const PODS: usize = 20_000;
+const NAMESPACES: usize = 50;
+const PREEMPTED: usize = 100;
+
+fn node_name(i: usize) -> String {
+    format!("gpu-node-{i:04}.pool.example.internal")
+}
+
+/// Per node (20 pods): 2 inference pods of 2 GPUs, 1 research pod of 2 GPUs, 1 waiting research
+/// pod, 16 GPU-less pods.
+fn loaded() -> Controller {
+    let now = Timestamp::now();
+    let mut c = Controller::new(
+        Policy {
+            vocabulary: Vocabulary::default(),
+            headroom: 64,
+            windows: Windows::default(),
+        },
+        Metrics::default(),
+    );
+    c.on_node_event(watcher::Event::Init);
+    for i in 0..NODES {
+        c.on_node_event(watcher::Event::InitApply(
+            node(&node_name(i), GPUS_PER_NODE).build(),
+        ));
+    }
+    c.on_node_event(watcher::Event::InitDone);
+    c.on_pod_event(watcher::Event::Init, now);
+    for i in 0..PODS {
+        let slot = i / NODES;
+        let team = format!("team-{:02}", i % NAMESPACES);
+        let name = format!("workload-{slot:02}-{i:06}-abcde");
+        let p = match slot {
+            0 | 1 => pod("inference", &name).on(&node_name(i % NODES)).gpus(2),
+            2 => pod(&team, &name)
+                .on(&node_name(i % NODES))
+                .gpus(2)
+                .research(),
+            3 => pod(&team, &name).unbound().gpus(2).research(),
+            _ => pod("services", &name).on(&node_name(i % NODES)),
+        };
+        c.on_pod_event(watcher::Event::InitApply(p.build()), now);
+    }
+    c.on_pod_event(watcher::Event::InitDone, now);
+    let started = now
+        .checked_sub(jiff::SignedDuration::from_secs(3600))
+        .expect("ts");
+    for i in 0..PREEMPTED {
+        let p = pod(
+            &format!("team-{:02}", i % NAMESPACES),
+            &format!("victim-{i}"),
+        )
+        .on(&node_name(i))
+        .gpus(1)
+        .research()
+        .started(started);
+        c.on_pod_event(watcher::Event::Apply(p.clone().build()), now);
+        c.on_pod_event(
+            watcher::Event::Apply(p.disrupted("PreemptionByScheduler", now).build()),
+            now,
+        );
+    }
+    let first = now.as_second() - CAPACITY as i64 * SAMPLE_SECONDS;
+    for i in 0..CAPACITY as i64 {
+        c.record_sample(Sample {
+            at: first + i * SAMPLE_SECONDS,
+            inference: 4000,
+            research: 2000 + (i % 1440) as u32,
+            free: 1936 - (i % 1440) as u32,
+            headroom: 64,
+        });
+    }
+    c.reconcile(now, tokio::time::Instant::now());
+    c
+}
+
+fn benches(c: &mut Criterion) {
+    let controller = loaded();
+    let now = Timestamp::now();
+    let view = page::build(&controller.status(now), controller.history(), None);
+    let html = page::render(&view);
+    let json = serde_json::to_string(&view).expect("json");
+    eprintln!(
+        "view: {} nodes, {} namespaces, {} preemptions, {} + {} chart points; page {} KiB, \
+         JSON {} KiB",
+        view.nodes.len(),
+        view.namespaces.len(),
+        view.preemptions.len(),
+        view.charts.day.len(),
+        view.charts.week.len(),
+        html.len() / 1024,
+        json.len() / 1024
+    );
+    c.bench_function("view/page_1000_nodes", |b| {
+        b.iter(|| black_box(page::render(black_box(&view))))
+    });
+    c.bench_function("view/json_1000_nodes", |b| {
+        b.iter(|| black_box(serde_json::to_vec(black_box(&view)).expect("json")))
+    });
+    c.bench_function("view/build_from_controller_20000_pods", |b| {
+        b.iter(|| {
+            let report = controller.status(now);
+            black_box(page::build(&report, controller.history(), None))
+        })
+    });
+}
+
+criterion_group!(view, benches);
+criterion_main!(view);

@@ -1,0 +1,743 @@
+//! The researchers' view as data and as HTML: [`View`] (also the `/api/view` JSON) built from a
+//! pool status report and the usage history, and [`render`], a server-rendered page with inline
+//! SVG charts and no script.
+//!
+//! Pure: no I/O, no clock; everything comes in as arguments.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use crate::pool::{
+    history::{self, History, Sample},
+    marks::Verdict,
+    status::{StatusReport, age},
+};
+
+/// The 24-hour chart averages 5 minutes per point (288 points): smooth enough to read, few
+/// enough to draw fast.
+const DAY_BUCKET: i64 = 300;
+/// The 7-day chart averages an hour per point (168 points).
+const WEEK_BUCKET: i64 = 3600;
+const DAY: i64 = 86_400;
+const WEEK: i64 = 7 * DAY;
+
+/// GPUs by use, now, for the whole pool or one node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Use {
+    pub inference: u64,
+    pub research: u64,
+    pub free: u64,
+    pub headroom: u64,
+}
+
+impl Use {
+    pub fn total(&self) -> u64 {
+        self.inference + self.research + self.free + self.headroom
+    }
+}
+
+/// The pool now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolNow {
+    pub nodes: usize,
+    pub gpus: Use,
+    pub spare_nodes: usize,
+    pub lending_open: bool,
+    /// `always` or the daily windows.
+    pub lending_windows: String,
+    /// GPUs kept free for inference bursts.
+    pub headroom_target: u64,
+}
+
+/// One pool node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeUse {
+    pub name: String,
+    pub state: Verdict,
+    pub gpus: Use,
+}
+
+/// Research of one namespace.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NamespaceUse {
+    pub namespace: String,
+    pub gpus_now: u64,
+    /// Research pods not bound to a node yet.
+    pub waiting_pods: u64,
+    pub gpu_hours_lent: f64,
+    pub preemptions: u64,
+    pub gpu_hours_lost: f64,
+}
+
+/// One preempted (or otherwise disrupted) research pod.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Preemption {
+    pub at: Timestamp,
+    pub namespace: String,
+    pub pod: String,
+    pub node: Option<String>,
+    pub reason: String,
+    pub gpus: u64,
+    pub ran_seconds: Option<i64>,
+    /// GPU-hours since the pod's last checkpoint (or start).
+    pub gpu_hours_lost: Option<f64>,
+}
+
+/// Usage over time (in memory since the controller started).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Charts {
+    /// The oldest sample kept (`null` before the first).
+    pub since: Option<Timestamp>,
+    pub samples: usize,
+    /// Most memory the history takes (a week of samples).
+    pub max_bytes: usize,
+    /// Last 24 h, 5-minute means.
+    pub day: Vec<Sample>,
+    /// Last 7 days, hourly means.
+    pub week: Vec<Sample>,
+}
+
+/// Everything the page shows; served as JSON at `/api/view`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct View {
+    pub generated_at: Timestamp,
+    /// The namespace filter, when one is set.
+    pub namespace: Option<String>,
+    /// Whether the controller's caches hold a full list (figures may be incomplete before).
+    pub synced: bool,
+    pub pool: PoolNow,
+    pub namespaces: Vec<NamespaceUse>,
+    /// Most recent first.
+    pub preemptions: Vec<Preemption>,
+    pub charts: Charts,
+    pub nodes: Vec<NodeUse>,
+}
+
+fn hours(seconds: u64) -> f64 {
+    (seconds as f64 / 360.0).round() / 10.0
+}
+
+/// The view of `report` and `history`, restricted to `namespace` when set (the pool and its
+/// nodes stay whole: they are shared).
+pub fn build(report: &StatusReport, history: &History, namespace: Option<&str>) -> View {
+    let wanted = |ns: &str| namespace.is_none_or(|w| w == ns);
+    let nodes: Vec<NodeUse> = report
+        .nodes
+        .iter()
+        .map(|n| {
+            let held_back = n.state == Verdict::Headroom;
+            NodeUse {
+                name: n.name.clone(),
+                state: n.state,
+                gpus: Use {
+                    inference: n.protected,
+                    research: n.lent,
+                    free: if held_back { 0 } else { n.free },
+                    headroom: if held_back { n.free } else { 0 },
+                },
+            }
+        })
+        .collect();
+    let mut gpus = Use::default();
+    for n in &nodes {
+        gpus.inference += n.gpus.inference;
+        gpus.research += n.gpus.research;
+        gpus.free += n.gpus.free;
+        gpus.headroom += n.gpus.headroom;
+    }
+    let mut by_ns: BTreeMap<&str, NamespaceUse> = BTreeMap::new();
+    for n in report.namespaces.iter().filter(|n| wanted(&n.namespace)) {
+        by_ns.insert(
+            &n.namespace,
+            NamespaceUse {
+                namespace: n.namespace.clone(),
+                gpus_now: n.lent_gpus,
+                waiting_pods: 0,
+                gpu_hours_lent: hours(n.lent_gpu_seconds),
+                preemptions: n.preemptions,
+                gpu_hours_lost: hours(n.lost_gpu_seconds),
+            },
+        );
+    }
+    for p in report.research_pods.iter().filter(|p| wanted(&p.namespace)) {
+        let u = by_ns.entry(&p.namespace).or_insert_with(|| NamespaceUse {
+            namespace: p.namespace.clone(),
+            gpus_now: 0,
+            waiting_pods: 0,
+            gpu_hours_lent: 0.0,
+            preemptions: 0,
+            gpu_hours_lost: 0.0,
+        });
+        if p.node.is_none() && p.phase == "Pending" {
+            u.waiting_pods += 1;
+        }
+    }
+    let preemptions = report
+        .recent_disruptions
+        .iter()
+        .filter(|d| wanted(&d.namespace))
+        .map(|d| Preemption {
+            at: d.at,
+            namespace: d.namespace.clone(),
+            pod: d.name.clone(),
+            node: d.node.clone(),
+            reason: d.reason.clone(),
+            gpus: d.gpus,
+            ran_seconds: d.ran_seconds,
+            gpu_hours_lost: d.lost_gpu_seconds.map(hours),
+        })
+        .collect();
+    let now = report.generated_at.as_second();
+    View {
+        generated_at: report.generated_at,
+        namespace: namespace.map(str::to_string),
+        synced: report.synced,
+        pool: PoolNow {
+            nodes: nodes.len(),
+            gpus,
+            spare_nodes: report.spare_nodes,
+            lending_open: report.lending_open,
+            lending_windows: if report.lending_windows.is_empty() {
+                "always".to_string()
+            } else {
+                report.lending_windows.clone()
+            },
+            headroom_target: report.headroom,
+        },
+        namespaces: by_ns.into_values().collect(),
+        preemptions,
+        charts: Charts {
+            since: history
+                .first_at()
+                .and_then(|s| Timestamp::from_second(s).ok()),
+            samples: history.len(),
+            max_bytes: history::MAX_BYTES,
+            day: history.series(now - DAY, now + 1, DAY_BUCKET),
+            week: history.series(now - WEEK, now + 1, WEEK_BUCKET),
+        },
+        nodes,
+    }
+}
+
+/// Colours of the uses, the same in every chart and bar: blue inference, green research, orange
+/// headroom, light grey free (colour-blind-safe Tableau hues).
+const COLOURS: [(&str, &str); 4] = [
+    ("inference", "#4e79a7"),
+    ("research", "#59a14f"),
+    ("headroom", "#f28e2b"),
+    ("free", "#d9d9d9"),
+];
+
+const STYLE: &str = "body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;\
+color:#1f2328;background:#fff;margin:0 auto;max-width:1100px;padding:16px 24px}\
+h1{font-size:22px;margin:8px 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #d0d7de;padding-bottom:4px}\
+.meta{color:#57606a}.cards{display:flex;gap:12px;flex-wrap:wrap;margin:12px 0}\
+.card{border:1px solid #d0d7de;border-radius:6px;padding:8px 14px;min-width:120px}\
+.card b{display:block;font-size:24px}.sw{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:6px}\
+table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:4px 10px;border-bottom:1px solid #eaeef2}\
+th{background:#f6f8fa;font-weight:600}td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}\
+.note{background:#fff8c5;border:1px solid #d4a72c66;border-radius:6px;padding:6px 10px;margin:10px 0}\
+.open{color:#1a7f37;font-weight:600}.closed{color:#cf222e;font-weight:600}\
+form{margin:10px 0}input{font:inherit;padding:3px 6px}button{font:inherit;padding:3px 10px}\
+svg text{font:11px system-ui,sans-serif;fill:#57606a}a{color:#0969da}";
+
+/// Escapes text for HTML bodies and attribute values.
+fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// Percent-encodes a namespace for a query string (namespaces are DNS labels, but the filter
+/// echoes whatever was asked).
+fn query_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_' {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+fn uses(u: &Use) -> [u64; 4] {
+    [u.inference, u.research, u.headroom, u.free]
+}
+
+fn when(t: Timestamp) -> String {
+    t.strftime("%Y-%m-%d %H:%M UTC").to_string()
+}
+
+/// A horizontal bar of `u`, drawn `width` units wide and shown `shown` wide (CSS: `160` or
+/// `100%`).
+fn bar(out: &mut String, u: &Use, width: f64, height: u32, shown: &str) {
+    let total = u.total().max(1) as f64;
+    let _ = write!(
+        out,
+        "<svg width=\"{shown}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" \
+         preserveAspectRatio=\"none\" role=\"img\" aria-label=\"{} inference, {} research, {} \
+         headroom, {} free\">",
+        u.inference, u.research, u.headroom, u.free
+    );
+    let mut x = 0.0;
+    for ((_, colour), v) in COLOURS.iter().zip(uses(u)) {
+        let w = v as f64 / total * width;
+        if w > 0.0 {
+            let _ = write!(
+                out,
+                "<rect x=\"{x:.1}\" width=\"{w:.1}\" height=\"{height}\" fill=\"{colour}\"/>"
+            );
+        }
+        x += w;
+    }
+    out.push_str("</svg>");
+}
+
+/// A stacked area chart of `points` over `[to - span, to]`, x labels every `tick` seconds.
+fn chart(out: &mut String, title: &str, points: &[Sample], to: i64, span: i64, tick: i64) {
+    const W: f64 = 1000.0;
+    const H: f64 = 200.0;
+    const LEFT: f64 = 40.0;
+    const BOTTOM: f64 = 20.0;
+    let from = to - span;
+    let top = points.iter().map(|p| p.total()).max().unwrap_or(0).max(1) as f64;
+    let plot_w = W - LEFT - 10.0;
+    let plot_h = H - BOTTOM - 10.0;
+    let x = |at: i64| LEFT + (at - from) as f64 / span as f64 * plot_w;
+    let y = |v: f64| 10.0 + plot_h - v / top * plot_h;
+    let _ = write!(
+        out,
+        "<svg viewBox=\"0 0 {W} {H}\" width=\"100%\" role=\"img\" aria-label=\"{}\">",
+        esc(title)
+    );
+    for frac in [0.0, 0.5, 1.0] {
+        let v = top * frac;
+        let _ = write!(
+            out,
+            "<line x1=\"{LEFT}\" x2=\"{}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" stroke=\"#eaeef2\"/>\
+             <text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{v:.0}</text>",
+            W - 10.0,
+            LEFT - 4.0,
+            y(v) + 4.0,
+            yy = y(v),
+        );
+    }
+    let mut t = from;
+    while t <= to {
+        let ago = to - t;
+        let label = if ago == 0 {
+            "now".to_string()
+        } else if tick >= DAY {
+            format!("-{}d", ago / DAY)
+        } else {
+            format!("-{}h", ago / 3600)
+        };
+        let _ = write!(
+            out,
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{label}</text>",
+            x(t),
+            H - 4.0
+        );
+        t += tick;
+    }
+    if points.is_empty() {
+        let _ = write!(
+            out,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">no samples yet</text>",
+            LEFT + plot_w / 2.0,
+            H / 2.0
+        );
+    }
+    // Layers bottom up; each is the band between the running sum before and after it.
+    let mut below = vec![0.0_f64; points.len()];
+    for (i, (_, colour)) in COLOURS.iter().enumerate() {
+        if points.is_empty() {
+            break;
+        }
+        let above: Vec<f64> = points
+            .iter()
+            .zip(&below)
+            .map(|(p, b)| b + [p.inference, p.research, p.headroom, p.free][i] as f64)
+            .collect();
+        let _ = write!(out, "<path fill=\"{colour}\" d=\"M");
+        for (p, v) in points.iter().zip(&above) {
+            let _ = write!(out, "{:.1},{:.1} ", x(p.at), y(*v));
+        }
+        for (p, v) in points.iter().zip(&below).rev() {
+            let _ = write!(out, "{:.1},{:.1} ", x(p.at), y(*v));
+        }
+        out.push_str("Z\"/>");
+        below = above;
+    }
+    out.push_str("</svg>");
+}
+
+/// The page.
+pub fn render(view: &View) -> String {
+    let mut out = String::with_capacity(64 * 1024 + view.nodes.len() * 400);
+    let filter = view.namespace.as_deref();
+    let title = match filter {
+        Some(ns) => format!("GPU pool: research of {}", esc(ns)),
+        None => "GPU pool".to_string(),
+    };
+    let _ = write!(
+        out,
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">\
+         <link rel=\"icon\" href=\"data:,\">\
+         <title>nightshift: {title}</title><style>{STYLE}</style></head><body>\
+         <h1>nightshift: {title}</h1><p class=\"meta\">As of {}. Lending is ",
+        when(view.generated_at)
+    );
+    let p = &view.pool;
+    if p.lending_open {
+        out.push_str("<span class=\"open\">open</span>");
+    } else {
+        out.push_str("<span class=\"closed\">closed</span>");
+    }
+    let _ = write!(
+        out,
+        " (windows: {}); {} GPUs kept free for inference bursts. \
+         <a href=\"api/view{}\">JSON</a></p>",
+        esc(&p.lending_windows),
+        p.headroom_target,
+        filter.map_or_else(String::new, |ns| format!("?namespace={}", query_escape(ns)))
+    );
+    let _ = write!(
+        out,
+        "<form method=\"get\" action=\"\"><label>Namespace <input name=\"namespace\" value=\"{}\" \
+         placeholder=\"all\"></label> <button type=\"submit\">Filter</button>{}</form>",
+        esc(filter.unwrap_or("")),
+        if filter.is_some() {
+            " <a href=\"?\">all namespaces</a>"
+        } else {
+            ""
+        }
+    );
+    if !view.synced {
+        out.push_str(
+            "<p class=\"note\">The controller is still reading the cluster: figures may be \
+             incomplete.</p>",
+        );
+    }
+
+    out.push_str("<h2>The pool now</h2><div class=\"cards\">");
+    let _ = write!(
+        out,
+        "<div class=\"card\" id=\"nodes\">Nodes<b>{}</b>{} spare</div>",
+        p.nodes, p.spare_nodes
+    );
+    for ((name, colour), v) in COLOURS.iter().zip(uses(&p.gpus)) {
+        let _ = write!(
+            out,
+            "<div class=\"card\" id=\"gpus-{name}\"><span class=\"sw\" style=\"background:{colour}\"></span>{} GPUs<b>{v}</b></div>",
+            capitalised(name)
+        );
+    }
+    let _ = write!(out, "</div><p>{} GPUs in all.</p>", p.gpus.total());
+    bar(&mut out, &p.gpus, 1000.0, 18, "100%");
+
+    out.push_str("<h2>Research by namespace</h2>");
+    if view.namespaces.is_empty() {
+        out.push_str("<p>No research seen since nightshift started.</p>");
+    } else {
+        out.push_str(
+            "<table id=\"namespaces\"><tr><th>Namespace</th><th class=\"n\">GPUs now</th>\
+             <th class=\"n\">Pods waiting</th><th class=\"n\">GPU-hours lent</th>\
+             <th class=\"n\">Preemptions</th><th class=\"n\">GPU-hours lost</th></tr>",
+        );
+        for n in &view.namespaces {
+            let _ = write!(
+                out,
+                "<tr><td><a href=\"?namespace={}\">{}</a></td><td class=\"n\">{}</td>\
+                 <td class=\"n\">{}</td><td class=\"n\">{:.1}</td><td class=\"n\">{}</td>\
+                 <td class=\"n\">{:.1}</td></tr>",
+                query_escape(&n.namespace),
+                esc(&n.namespace),
+                n.gpus_now,
+                n.waiting_pods,
+                n.gpu_hours_lent,
+                n.preemptions,
+                n.gpu_hours_lost
+            );
+        }
+        out.push_str("</table>");
+    }
+    out.push_str(
+        "<p class=\"meta\">Counted since this nightshift replica started. Work lost is \
+         GPUs × time since the pod's last checkpoint (annotation \
+         <code>nightshift.io/checkpointed-at</code>) or its start.</p>",
+    );
+
+    out.push_str("<h2>Recent preemptions</h2>");
+    if view.preemptions.is_empty() {
+        out.push_str("<p>None since nightshift started.</p>");
+    } else {
+        out.push_str(
+            "<table id=\"preemptions\"><tr><th>When (UTC)</th><th>Namespace</th><th>Pod</th>\
+             <th>Node</th><th>Reason</th><th class=\"n\">GPUs</th><th class=\"n\">Had run</th>\
+             <th class=\"n\">GPU-hours lost</th></tr>",
+        );
+        for d in &view.preemptions {
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td>\
+                 <td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+                d.at.strftime("%Y-%m-%d %H:%M:%S"),
+                esc(&d.namespace),
+                esc(&d.pod),
+                esc(d.node.as_deref().unwrap_or("-")),
+                esc(&d.reason),
+                d.gpus,
+                d.ran_seconds.map_or_else(|| "-".to_string(), age),
+                d.gpu_hours_lost
+                    .map_or_else(|| "-".to_string(), |h| format!("{h:.1}"))
+            );
+        }
+        out.push_str("</table>");
+    }
+
+    out.push_str("<h2>GPUs by use over time</h2><p>");
+    for (name, colour) in COLOURS {
+        let _ = write!(
+            out,
+            "<span class=\"sw\" style=\"background:{colour}\"></span>{name} &nbsp; "
+        );
+    }
+    out.push_str("</p>");
+    let c = &view.charts;
+    let _ = write!(
+        out,
+        "<p class=\"note\">History is kept in memory (one sample a minute, at most a week: {} KiB) \
+         and starts empty when nightshift restarts; {}.</p>",
+        c.max_bytes / 1024,
+        match c.since {
+            Some(t) => format!("this one holds {} samples since {}", c.samples, when(t)),
+            None => "no sample yet".to_string(),
+        }
+    );
+    let to = view.generated_at.as_second();
+    out.push_str("<h3>Last 24 hours</h3>");
+    chart(
+        &mut out,
+        "GPUs by use, last 24 hours",
+        &c.day,
+        to,
+        DAY,
+        6 * 3600,
+    );
+    out.push_str("<h3>Last 7 days</h3>");
+    chart(&mut out, "GPUs by use, last 7 days", &c.week, to, WEEK, DAY);
+
+    out.push_str(
+        "<h2>Nodes</h2><table id=\"nodes-table\"><tr><th>Node</th><th>State</th>\
+         <th class=\"n\">Inference</th><th class=\"n\">Research</th><th class=\"n\">Headroom</th>\
+         <th class=\"n\">Free</th><th>Use</th></tr>",
+    );
+    for n in &view.nodes {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td><td>",
+            esc(&n.name),
+            state(n.state),
+            n.gpus.inference,
+            n.gpus.research,
+            n.gpus.headroom,
+            n.gpus.free
+        );
+        bar(&mut out, &n.gpus, 160.0, 12, "160");
+        out.push_str("</td></tr>");
+    }
+    out.push_str(
+        "</table><p class=\"meta\">Research jobs get spare GPUs when their namespace is labelled \
+         <code>nightshift.io/research=true</code>: see docs/researchers.md.</p></body></html>",
+    );
+    out
+}
+
+fn capitalised(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map(|f| f.to_uppercase().chain(c).collect())
+        .unwrap_or_default()
+}
+
+fn state(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Spare => "spare",
+        Verdict::Headroom => "headroom",
+        Verdict::Full => "full",
+        Verdict::Cordoned => "cordoned",
+        Verdict::NotReady => "not ready",
+        Verdict::Untrusted => "unreadable",
+        Verdict::WindowClosed => "window closed",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::{
+        accounting::{DisruptionRecord, Totals},
+        status::{NamespaceStatus, NodeStatus, ResearchPod},
+    };
+
+    fn now() -> Timestamp {
+        Timestamp::from_second(2_000_000_000).expect("ts")
+    }
+
+    fn node(name: &str, state: Verdict, protected: u64, lent: u64, free: u64) -> NodeStatus {
+        NodeStatus {
+            name: name.into(),
+            allocatable: protected + lent + free,
+            protected,
+            lent,
+            free,
+            state,
+            spare_gpus: None,
+            marked_spare_gpus: None,
+        }
+    }
+
+    fn report() -> StatusReport {
+        StatusReport {
+            generated_at: now(),
+            leader: Some(true),
+            synced: true,
+            lending_open: true,
+            lending_windows: String::new(),
+            headroom: 8,
+            totals: Totals::default(),
+            spare_nodes: 1,
+            nodes: vec![
+                node("gpu-a", Verdict::Headroom, 0, 0, 8),
+                node("gpu-b", Verdict::Spare, 2, 5, 1),
+            ],
+            research_pods: vec![ResearchPod {
+                namespace: "team-b".into(),
+                name: "queued".into(),
+                node: None,
+                phase: "Pending".into(),
+                gpus: Some(1),
+                age_seconds: Some(5),
+                disruption: None,
+            }],
+            namespaces: vec![NamespaceStatus {
+                namespace: "team-a".into(),
+                lent_gpus: 5,
+                lent_gpu_seconds: 36_000,
+                preemptions: 1,
+                lost_gpu_seconds: 1800,
+            }],
+            recent_disruptions: vec![DisruptionRecord {
+                namespace: "team-a".into(),
+                name: "sft-0".into(),
+                node: Some("gpu-b".into()),
+                reason: "PreemptionByScheduler".into(),
+                ran_seconds: Some(3600),
+                gpus: 3,
+                at: now(),
+                lost_gpu_seconds: Some(1800),
+                uid: Some("u1".into()),
+            }],
+        }
+    }
+
+    #[test]
+    fn free_gpus_of_headroom_nodes_count_as_headroom() {
+        let v = build(&report(), &History::new(), None);
+        assert_eq!(
+            v.pool.gpus,
+            Use {
+                inference: 2,
+                research: 5,
+                free: 1,
+                headroom: 8
+            }
+        );
+        assert_eq!(v.pool.lending_windows, "always");
+        assert_eq!(v.nodes[0].gpus.headroom, 8);
+        let names: Vec<&str> = v.namespaces.iter().map(|n| n.namespace.as_str()).collect();
+        assert_eq!(names, ["team-a", "team-b"]);
+        assert_eq!(v.namespaces[0].gpu_hours_lent, 10.0);
+        assert_eq!(v.namespaces[0].gpu_hours_lost, 0.5);
+        assert_eq!(v.namespaces[1].waiting_pods, 1);
+        assert_eq!(v.preemptions[0].gpu_hours_lost, Some(0.5));
+    }
+
+    #[test]
+    fn the_namespace_filter_keeps_the_pool_and_narrows_research() {
+        let v = build(&report(), &History::new(), Some("team-b"));
+        assert_eq!(v.pool.gpus.total(), 16);
+        assert_eq!(v.namespaces.len(), 1);
+        assert_eq!(v.namespaces[0].namespace, "team-b");
+        assert!(v.preemptions.is_empty());
+        let html = render(&v);
+        assert!(html.contains("research of team-b"), "{html}");
+        assert!(html.contains("None since nightshift started"));
+        assert!(html.contains("href=\"api/view?namespace=team-b\""));
+    }
+
+    #[test]
+    fn the_page_shows_the_figures_and_escapes_names() {
+        let mut r = report();
+        r.namespaces[0].namespace = "<b>x</b>".into();
+        let v = build(&r, &History::new(), None);
+        let html = render(&v);
+        assert!(html.contains("&lt;b&gt;x&lt;/b&gt;"));
+        assert!(!html.contains("<b>x</b>"));
+        assert!(html.contains("?namespace=%3Cb%3Ex%3C%2Fb%3E"));
+        assert!(html.contains("id=\"gpus-research\""));
+        assert!(html.contains("Research GPUs<b>5</b>"), "{html}");
+        assert!(html.contains("Headroom GPUs<b>8</b>"));
+        assert!(html.contains("sft-0"));
+        assert!(html.contains("1h0m"), "ran for an hour");
+        assert!(html.contains("no sample yet"));
+        assert!(html.contains("starts empty when nightshift restarts"));
+        assert!(!html.contains("<script"), "the page has no script");
+    }
+
+    #[test]
+    fn charts_draw_one_band_per_use_over_the_samples() {
+        let mut h = History::new();
+        let start = now().as_second() - 3 * 3600;
+        for i in 0..180 {
+            h.record(Sample {
+                at: start + i * 60,
+                inference: 2,
+                research: 5,
+                free: 1,
+                headroom: 8,
+            });
+        }
+        let v = build(&report(), &h, None);
+        assert_eq!(v.charts.samples, 180);
+        assert_eq!(v.charts.day.len(), 36, "3 h of 5-minute points");
+        assert_eq!(v.charts.week.len(), 3, "3 hourly points");
+        let html = render(&v);
+        for (_, colour) in COLOURS {
+            assert_eq!(
+                html.matches(&format!("<path fill=\"{colour}\"")).count(),
+                2,
+                "{colour} in both charts"
+            );
+        }
+        assert!(html.contains("holds 180 samples since"));
+        assert!(html.contains(">-24h<") && html.contains(">-7d<") && html.contains(">now<"));
+    }
+}
