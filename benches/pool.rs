@@ -12,7 +12,7 @@ use kube::runtime::watcher;
 use nightshift::{
     pool::{
         accounting::{Ledger, NodeFacts, PodFacts, node_facts, pod_facts},
-        controller::{Controller, Metrics, Policy},
+        controller::{Controller, LendingPolicy, Metrics},
         fixtures::{node, pod},
         marks,
         windows::Windows,
@@ -125,7 +125,7 @@ fn benches(c: &mut Criterion) {
 
     // One pod event end to end: facts from the Pod object, ledger update, disruption check.
     let mut controller = Controller::new(
-        Policy {
+        LendingPolicy {
             vocabulary: Vocabulary::default(),
             headroom: 16,
             windows: Windows::default(),

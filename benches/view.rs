@@ -12,7 +12,7 @@ use jiff::Timestamp;
 use kube::runtime::watcher;
 use nightshift::{
     pool::{
-        controller::{Controller, Metrics, Policy},
+        controller::{Controller, LendingPolicy, Metrics},
         fixtures::{node, pod},
         history::{CAPACITY, SAMPLE_SECONDS, Sample},
         windows::Windows,
@@ -36,7 +36,7 @@ fn node_name(i: usize) -> String {
 fn loaded() -> Controller {
     let now = Timestamp::now();
     let mut c = Controller::new(
-        Policy {
+        LendingPolicy {
             vocabulary: Vocabulary::default(),
             headroom: 64,
             windows: Windows::default(),

@@ -12,7 +12,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use k8s_openapi::api::core::v1::Pod;
 use nightshift::webhook::{
     cluster::FixedCluster,
-    mutate::{Policy, PriorityClassInfo, mutate},
+    mutate::{MutationPolicy, PriorityClassInfo, mutate},
     review::{Metrics, Reviewer},
 };
 
@@ -21,7 +21,7 @@ fn benches(c: &mut Criterion) {
     let size = serde_json::to_vec(&doc).map(|v| v.len()).unwrap_or(0);
     eprintln!("pod JSON: {size} bytes");
     let pod: Pod = serde_json::from_value(doc.clone()).expect("pod");
-    let policy = Policy::default();
+    let policy = MutationPolicy::default();
     let classes: BTreeMap<String, PriorityClassInfo> = [(
         "nightshift-research".to_string(),
         PriorityClassInfo {

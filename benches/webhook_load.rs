@@ -28,7 +28,7 @@ use std::{
 use nightshift::webhook::{
     certs,
     cluster::FixedCluster,
-    mutate::Policy,
+    mutate::MutationPolicy,
     review::{Metrics, Reviewer},
     server,
 };
@@ -59,7 +59,7 @@ async fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (_, tls) = localhost_cert::generate(dir.path());
     let reviewer = Reviewer {
-        policy: Arc::new(Policy::default()),
+        policy: Arc::new(MutationPolicy::default()),
         cluster: Arc::new(
             FixedCluster::default()
                 .with_namespace("research", &[("nightshift.io/research", "true")])

@@ -369,7 +369,7 @@ mod tests {
         controller::{Controller, Metrics},
         fixtures::node,
     };
-    use crate::webhook::mutate::{self, PriorityClassInfo, Selection};
+    use crate::webhook::mutate::{self, Classification, PriorityClassInfo};
     use jiff::Timestamp;
     use k8s_openapi::api::core::v1::Pod;
     use kube::runtime::watcher;
@@ -419,7 +419,7 @@ mod tests {
         .expect("pod");
         let m = mutate::mutate(&created, "team-a", &research_ns, &policy, &classes)
             .expect("not denied");
-        assert_eq!(m.selection, Selection::Research { gpu: true });
+        assert_eq!(m.selection, Classification::Research { gpu: true });
         let mut doc = serde_json::to_value(&created).expect("pod serialises");
         json_patch::patch(&mut doc, &m.patch.0).expect("patch applies");
         doc["spec"]["nodeName"] = "gpu-a".into();

@@ -333,7 +333,7 @@ pub struct NodeGpus {
 
 /// Cluster-wide sums over the pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Totals {
+pub struct GpuTotals {
     pub allocatable: u64,
     pub protected: u64,
     pub lent: u64,
@@ -550,8 +550,8 @@ impl Ledger {
     }
 
     /// Sums over the pool.
-    pub fn totals(&self) -> Totals {
-        let mut t = Totals::default();
+    pub fn totals(&self) -> GpuTotals {
+        let mut t = GpuTotals::default();
         for name in self.nodes.keys() {
             if let Some(g) = self.gpus(name) {
                 t.allocatable += g.allocatable;

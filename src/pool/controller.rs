@@ -35,7 +35,7 @@ pub const RECENT_DISRUPTIONS: usize = 100;
 
 /// What the controller needs to decide.
 #[derive(Clone, Debug)]
-pub struct Policy {
+pub struct LendingPolicy {
     /// The names shared with the webhook: what is research, what is a GPU, which labels mark.
     pub vocabulary: Vocabulary,
     pub headroom: u64,
@@ -197,7 +197,7 @@ struct NamespaceTotals {
 /// an `.await`.
 #[derive(Debug)]
 pub struct Controller {
-    pub policy: Policy,
+    pub policy: LendingPolicy,
     ledger: Ledger,
     plan: Plan,
     lending_open: bool,
@@ -304,7 +304,7 @@ impl PodNotice {
 }
 
 impl Controller {
-    pub fn new(policy: Policy, metrics: Metrics) -> Self {
+    pub fn new(policy: LendingPolicy, metrics: Metrics) -> Self {
         Self {
             policy,
             ledger: Ledger::new(),
@@ -738,8 +738,8 @@ mod tests {
     use kube::runtime::reflector::store;
     use std::time::Duration;
 
-    fn policy(headroom: u64) -> Policy {
-        Policy {
+    fn policy(headroom: u64) -> LendingPolicy {
+        LendingPolicy {
             vocabulary: Vocabulary::default(),
             headroom,
             windows: Windows::default(),
@@ -1219,7 +1219,7 @@ mod tests {
     #[test]
     fn status_counts_pods_by_the_names_in_use() {
         let mut c = Controller::new(
-            Policy {
+            LendingPolicy {
                 vocabulary: Vocabulary {
                     lent_label: Some("example.com/borrowed".into()),
                     research_priority_class: Some("scavenger".into()),

@@ -33,7 +33,7 @@ use axum::{Json, http::StatusCode, response::IntoResponse};
 use clap::Args;
 
 use crate::vocabulary::{POOL_LABEL, SPARE_LABEL, Vocabulary};
-use controller::Policy;
+use controller::LendingPolicy;
 use lease::LeaseError;
 use windows::Windows;
 
@@ -62,14 +62,14 @@ fn parse_windows(s: &str) -> Result<Windows, String> {
 impl LendingArgs {
     /// The controller's policy with the shared names. The pool needs the names that select its
     /// nodes and mark them, which the webhook alone may switch off.
-    pub fn policy(&self, vocabulary: Vocabulary) -> Result<Policy, Error> {
+    pub fn policy(&self, vocabulary: Vocabulary) -> Result<LendingPolicy, Error> {
         if vocabulary.pool_label.is_none() {
             return Err(Error::NoPoolLabel);
         }
         if vocabulary.spare_label.is_none() {
             return Err(Error::NoSpareLabel);
         }
-        Ok(Policy {
+        Ok(LendingPolicy {
             vocabulary,
             headroom: self.headroom,
             windows: self.lending_windows.clone(),

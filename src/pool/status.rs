@@ -10,7 +10,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    accounting::{DisruptionRecord, PodFacts, Totals},
+    accounting::{DisruptionRecord, GpuTotals, PodFacts},
     marks::Verdict,
 };
 
@@ -82,7 +82,7 @@ pub struct StatusReport {
     pub lending_open: bool,
     pub lending_windows: String,
     pub headroom: u64,
-    pub totals: Totals,
+    pub totals: GpuTotals,
     pub spare_nodes: usize,
     pub nodes: Vec<NodeStatus>,
     pub research_pods: Vec<ResearchPod>,

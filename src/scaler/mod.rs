@@ -34,7 +34,7 @@ use crate::{
         Selection,
         discovery::Discovery,
         metrics::SourceMetrics,
-        policy::{Namespaces, Policy},
+        policy::{Namespaces, SourcePolicy},
         prometheus::PrometheusSource,
         scrape::ScrapeSource,
     },
@@ -124,8 +124,8 @@ pub struct PolicyArgs {
 
 impl PolicyArgs {
     /// The source policy these flags describe.
-    pub fn policy(&self) -> Policy {
-        Policy {
+    pub fn policy(&self) -> SourcePolicy {
+        SourcePolicy {
             prometheus: self
                 .scaler_allowed_prometheus
                 .iter()
@@ -146,7 +146,7 @@ pub struct Options {
     pub cache_ttl: Duration,
     pub stream_interval: Duration,
     /// Which upstreams ScaledObjects may make the scaler call.
-    pub policy: Policy,
+    pub policy: SourcePolicy,
 }
 
 /// Name of the metric in `GetMetricSpec`/`GetMetrics` (KEDA prefixes it with `s{index}-`).

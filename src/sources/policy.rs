@@ -4,8 +4,8 @@
 //! requests. The author is untrusted: the scaler must not reach, on their behalf, what they
 //! could not reach themselves (internal services, the cloud metadata address, other tenants'
 //! pods). This module owns that decision as pure functions over the parsed source and the
-//! operator's [`Policy`]; the scaler applies it before any request is made (already at
-//! `GetMetricSpec`), and the scrape source applies [`Policy::check_ip`] again to the addresses
+//! operator's [`SourcePolicy`]; the scaler applies it before any request is made (already at
+//! `GetMetricSpec`), and the scrape source applies [`SourcePolicy::check_ip`] again to the addresses
 //! a Service's EndpointSlices name, which only the API server knows.
 //!
 //! Rules, each denial naming the rule and the flag that would allow it:
@@ -67,7 +67,7 @@ impl Namespaces {
 
 /// The operator's choices; the default denies everything dangerous.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Policy {
+pub struct SourcePolicy {
     /// Allowed Prometheus base URLs: a `serverAddress` equal to one or under its path. A `*`
     /// entry allows any URL (the address rules still apply).
     pub prometheus: Vec<String>,
@@ -100,7 +100,7 @@ pub const FLAG_ENDPOINTS: &str = "--scaler-allow-endpoints";
 pub const FLAG_LOOPBACK: &str = "--scaler-allow-loopback";
 pub const FLAG_LINK_LOCAL: &str = "--scaler-allow-link-local";
 
-impl Policy {
+impl SourcePolicy {
     /// Everything allowed: for tests and local development against processes on loopback.
     pub fn permissive() -> Self {
         Self {
@@ -290,10 +290,10 @@ mod tests {
         target(Pods::Static(list.iter().map(|s| s.to_string()).collect()))
     }
 
-    fn platform() -> Policy {
-        Policy {
+    fn platform() -> SourcePolicy {
+        SourcePolicy {
             prometheus: vec!["http://prometheus.monitoring:9090".into()],
-            ..Policy::default()
+            ..SourcePolicy::default()
         }
     }
 
@@ -320,9 +320,9 @@ mod tests {
             let denied = p.check_prometheus(&server(address)).expect_err(address);
             assert_eq!(denied.flag, FLAG_PROMETHEUS, "{address}");
         }
-        let nested = Policy {
+        let nested = SourcePolicy {
             prometheus: vec!["https://thanos.example/tenant-a/".into()],
-            ..Policy::default()
+            ..SourcePolicy::default()
         };
         assert!(
             nested
@@ -338,9 +338,9 @@ mod tests {
 
     #[test]
     fn metadata_and_loopback_addresses_are_denied_even_when_listed() {
-        let p = Policy {
+        let p = SourcePolicy {
             prometheus: vec!["*".into()],
-            ..Policy::default()
+            ..SourcePolicy::default()
         };
         for (address, flag) in [
             ("http://169.254.169.254/latest", FLAG_LINK_LOCAL),
@@ -360,7 +360,7 @@ mod tests {
             p.check_prometheus(&server("http://10.0.0.7:9090")).is_ok(),
             "a pod IP is not special"
         );
-        let dev = Policy {
+        let dev = SourcePolicy {
             loopback: true,
             ..p
         };
@@ -376,22 +376,22 @@ mod tests {
 
     #[test]
     fn services_stay_in_their_namespace_unless_listed() {
-        let own = Policy::default();
+        let own = SourcePolicy::default();
         assert_eq!(own.check_scrape(&service("team-a"), "team-a"), Ok(()));
         let denied = own
             .check_scrape(&service("team-b"), "team-a")
             .expect_err("other namespace");
         assert_eq!(denied.flag, FLAG_NAMESPACES);
         assert!(denied.to_string().contains("team-b/vllm"), "{denied}");
-        let listed = Policy {
+        let listed = SourcePolicy {
             namespaces: Namespaces::from_list(&["team-b".into()]),
-            ..Policy::default()
+            ..SourcePolicy::default()
         };
         assert!(listed.check_scrape(&service("team-b"), "team-a").is_ok());
         assert!(listed.check_scrape(&service("team-c"), "team-a").is_err());
-        let any = Policy {
+        let any = SourcePolicy {
             namespaces: Namespaces::from_list(&["x".into(), " * ".into()]),
-            ..Policy::default()
+            ..SourcePolicy::default()
         };
         assert!(any.check_scrape(&service("team-c"), "team-a").is_ok());
         assert_eq!(Namespaces::from_list(&[String::new()]), Namespaces::Own);
@@ -399,13 +399,13 @@ mod tests {
 
     #[test]
     fn static_endpoints_are_off_by_default_and_ip_literals_only() {
-        let denied = Policy::default()
+        let denied = SourcePolicy::default()
             .check_scrape(&statics(&["10.0.0.7:8000"]), "team-a")
             .expect_err("off");
         assert_eq!(denied.flag, FLAG_ENDPOINTS);
-        let on = Policy {
+        let on = SourcePolicy {
             endpoints: true,
-            ..Policy::default()
+            ..SourcePolicy::default()
         };
         assert!(
             on.check_scrape(&statics(&["10.0.0.7:8000", "[fd00::7]:8000"]), "a")
@@ -439,7 +439,7 @@ mod tests {
                 _ => [127, last[0], 0, last[1]],
             };
             let ip = std::net::Ipv4Addr::from(ip);
-            let policy = Policy {
+            let policy = SourcePolicy {
                 prometheus: vec!["*".into(), format!("http://{ip}:{port}")],
                 namespaces: if any_namespace { Namespaces::Any } else { Namespaces::Own },
                 endpoints,
@@ -462,7 +462,7 @@ mod tests {
             suffix in "[a-z0-9@:./-]{0,12}",
         ) {
             let base = "http://prometheus.monitoring:9090".to_string();
-            let policy = Policy { prometheus: vec![base.clone()], ..Policy::default() };
+            let policy = SourcePolicy { prometheus: vec![base.clone()], ..SourcePolicy::default() };
             let address = format!("http://{host}:{port}{suffix}");
             let allowed = policy.check_prometheus(&server(&address)).is_ok();
             if allowed {
@@ -476,9 +476,9 @@ mod tests {
         /// listed.
         #[test]
         fn service_namespaces(own in "[a-z]{1,6}", other in "[a-z]{1,6}", listed in any::<bool>()) {
-            let policy = Policy {
+            let policy = SourcePolicy {
                 namespaces: if listed { Namespaces::Listed(vec![other.clone()]) } else { Namespaces::Own },
-                ..Policy::default()
+                ..SourcePolicy::default()
             };
             prop_assert!(policy.check_scrape(&service(&own), &own).is_ok());
             let allowed = policy.check_scrape(&service(&other), &own).is_ok();

@@ -18,7 +18,7 @@ use super::{
     discovery::{Discovery, Endpoint},
     exposition::{self, PodReadings},
     metrics::SourceMetrics,
-    policy::{self, Denied, Policy},
+    policy::{self, Denied, SourcePolicy},
     rates::CounterRates,
 };
 use crate::demand::PerSignal;
@@ -94,7 +94,7 @@ pub struct ScrapeSource {
     rates: Arc<RateBook>,
     epoch: Instant,
     metrics: SourceMetrics,
-    policy: Arc<Policy>,
+    policy: Arc<SourcePolicy>,
 }
 
 /// Gap between the two scrapes of a target seen for the first time, so token rates exist
@@ -108,7 +108,7 @@ impl ScrapeSource {
         ttl: Duration,
         discovery: Arc<Discovery>,
         metrics: SourceMetrics,
-        policy: Arc<Policy>,
+        policy: Arc<SourcePolicy>,
     ) -> Result<Self, SourceError> {
         let http = reqwest::Client::builder()
             // A pod answering with a redirect could send the scrape anywhere.
@@ -166,7 +166,7 @@ impl ScrapeSource {
 struct Pass<'a> {
     http: &'a reqwest::Client,
     discovery: &'a Discovery,
-    policy: &'a Policy,
+    policy: &'a SourcePolicy,
     rates: &'a RateBook,
     metrics: &'a SourceMetrics,
     window: f64,
@@ -217,7 +217,7 @@ impl Pass<'_> {
 /// slices of a selector-less Service chooses these addresses, so they get the address rules a
 /// static list gets.
 fn discovered_allowed(
-    policy: &Policy,
+    policy: &SourcePolicy,
     namespace: &str,
     service: &str,
     ep: &Endpoint,

@@ -593,7 +593,7 @@ fn state(v: Verdict) -> &'static str {
 mod tests {
     use super::*;
     use crate::pool::{
-        accounting::{DisruptionRecord, Totals},
+        accounting::{DisruptionRecord, GpuTotals},
         status::{NamespaceStatus, NodeStatus, ResearchPod},
     };
 
@@ -622,7 +622,7 @@ mod tests {
             lending_open: true,
             lending_windows: String::new(),
             headroom: 8,
-            totals: Totals::default(),
+            totals: GpuTotals::default(),
             spare_nodes: 1,
             nodes: vec![
                 node("gpu-a", Verdict::Headroom, 0, 0, 8),

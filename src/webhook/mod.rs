@@ -30,7 +30,7 @@ use std::{collections::BTreeSet, net::SocketAddr, path::PathBuf, sync::Arc, time
 use clap::{ArgAction, Args};
 
 use crate::{duration::parse_duration, runtime::Context, vocabulary::Vocabulary};
-use mutate::{Policy, SparePlacement};
+use mutate::{MutationPolicy, SparePlacement};
 
 /// Why the webhook cannot start: what to fix is in the message. Errors answering a review are
 /// [`review::ReviewError`], answered in one place; namespace lookups fail with
@@ -126,9 +126,9 @@ pub enum SparePlacementArg {
 
 impl WebhookArgs {
     /// The mutation policy these options describe, with the shared `names`.
-    pub fn policy(&self, names: &Vocabulary) -> Policy {
+    pub fn policy(&self, names: &Vocabulary) -> MutationPolicy {
         let grace = self.webhook_max_grace_period.as_secs();
-        let mut policy = Policy::new(names);
+        let mut policy = MutationPolicy::new(names);
         policy.excluded_namespaces = self
             .webhook_excluded_namespaces
             .iter()
@@ -177,7 +177,7 @@ pub async fn start(args: WebhookArgs, names: &Vocabulary, ctx: &mut Context) -> 
 /// `cluster::FixedCluster`).
 pub async fn start_with(
     args: WebhookArgs,
-    policy: Policy,
+    policy: MutationPolicy,
     cluster: Arc<dyn cluster::ClusterView>,
     ctx: &mut Context,
 ) -> Result<(), Error> {
@@ -222,7 +222,7 @@ mod tests {
     use crate::vocabulary::VocabularyArgs;
     use clap::Parser;
     use k8s_openapi::api::core::v1::Pod;
-    use mutate::{PriorityClassInfo, Selection};
+    use mutate::{Classification, PriorityClassInfo};
     use std::collections::BTreeMap;
 
     #[derive(Debug, Parser)]
@@ -233,7 +233,7 @@ mod tests {
         webhook: WebhookArgs,
     }
 
-    fn policy_from(args: &[&str]) -> Result<Policy, String> {
+    fn policy_from(args: &[&str]) -> Result<MutationPolicy, String> {
         let cmd = Cmd::try_parse_from(std::iter::once("nightshift").chain(args.iter().copied()))
             .map_err(|e| e.to_string())?;
         let names = cmd.vocabulary.checked().map_err(|e| e.to_string())?;
@@ -242,7 +242,7 @@ mod tests {
 
     #[test]
     fn default_options_give_the_default_policy() {
-        assert_eq!(policy_from(&[]).expect("valid"), Policy::default());
+        assert_eq!(policy_from(&[]).expect("valid"), MutationPolicy::default());
     }
 
     #[test]
@@ -305,7 +305,7 @@ mod tests {
         .expect("pod");
         let m = mutate::mutate(&pod, "team-a", &BTreeMap::new(), &policy, &classes)
             .expect("not denied");
-        assert_eq!(m.selection, Selection::Research { gpu: true });
+        assert_eq!(m.selection, Classification::Research { gpu: true });
         let patch = serde_json::to_string(&m.patch).expect("patch");
         assert!(
             patch.contains(r#""path":"/spec/priorityClassName","value":"scavenger""#),

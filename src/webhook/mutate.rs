@@ -2,7 +2,7 @@
 //! marks it (low priority, GPU-pool placement, tolerations, lent label, short grace period).
 //!
 //! Pure: no I/O, no clock, no Kubernetes client. Everything it needs arrives as arguments (the
-//! pod, its namespace's labels, the [`Policy`] and a [`PriorityClasses`] lookup), so it is
+//! pod, its namespace's labels, the [`MutationPolicy`] and a [`PriorityClasses`] lookup), so it is
 //! exhaustively unit- and property-tested. It must never touch a pod that is not selected.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -95,7 +95,7 @@ pub enum SparePlacement {
 
 /// What the webhook selects and what it changes. Every part can be switched off.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Policy {
+pub struct MutationPolicy {
     /// Label (on the namespace or the pod) whose value `"true"` selects research pods.
     pub selection_label: String,
     /// Namespaces whose pods are never touched.
@@ -119,14 +119,14 @@ pub struct Policy {
     pub scheduler_name: Option<String>,
 }
 
-impl Default for Policy {
+impl Default for MutationPolicy {
     /// The policy of the default names ([`Vocabulary::default`]).
     fn default() -> Self {
         Self::new(&Vocabulary::default())
     }
 }
 
-impl Policy {
+impl MutationPolicy {
     /// The policy for `names`, every other part at its default.
     pub fn new(names: &Vocabulary) -> Self {
         Self {
@@ -180,7 +180,7 @@ impl SkipReason {
 
 /// How the pod was classified.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Selection {
+pub enum Classification {
     /// A research pod; `gpu` tells whether it requests GPUs (and so was sent to the pool).
     Research {
         gpu: bool,
@@ -192,7 +192,7 @@ pub enum Selection {
 /// for the user explaining each change.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mutation {
-    pub selection: Selection,
+    pub selection: Classification,
     pub patch: Patch,
     pub warnings: Vec<String>,
 }
@@ -200,7 +200,7 @@ pub struct Mutation {
 impl Mutation {
     fn skipped(reason: SkipReason) -> Self {
         Self {
-            selection: Selection::Skipped(reason),
+            selection: Classification::Skipped(reason),
             patch: Patch(Vec::new()),
             warnings: Vec::new(),
         }
@@ -228,7 +228,7 @@ pub fn mutate(
     pod: &Pod,
     namespace: &str,
     namespace_labels: &BTreeMap<String, String>,
-    policy: &Policy,
+    policy: &MutationPolicy,
     classes: &dyn PriorityClasses,
 ) -> Result<Mutation, Denial> {
     if policy.excluded_namespaces.contains(namespace) {
@@ -285,7 +285,7 @@ pub fn mutate(
     if let Some(max) = policy.max_grace_period_seconds {
         grace_period(&mut b, spec, max);
     }
-    Ok(b.finish(Selection::Research { gpu }))
+    Ok(b.finish(Classification::Research { gpu }))
 }
 
 /// Whether any container (init containers included) requests or limits `resource` above zero.
@@ -403,7 +403,7 @@ fn spare_term(spare: &SpareGate) -> Option<PreferredSchedulingTerm> {
 
 /// What every required node-selector term of a GPU research pod must contain: the pool, and the
 /// spare mark in [`SparePlacement::Required`] mode.
-fn required_requirements(policy: &Policy) -> Vec<NodeSelectorRequirement> {
+fn required_requirements(policy: &MutationPolicy) -> Vec<NodeSelectorRequirement> {
     let spare = policy
         .spare
         .as_ref()
@@ -432,7 +432,7 @@ fn term_has(term: &NodeSelectorTerm, req: &NodeSelectorRequirement) -> bool {
         .any(|e| same_requirement(e, req))
 }
 
-fn node_affinity(b: &mut Builder, spec: &PodSpec, policy: &Policy) {
+fn node_affinity(b: &mut Builder, spec: &PodSpec, policy: &MutationPolicy) {
     let required = required_requirements(policy);
     let preferred = policy.spare.as_ref().and_then(spare_term);
     let node_affinity = spec
@@ -537,7 +537,7 @@ fn node_affinity(b: &mut Builder, spec: &PodSpec, policy: &Policy) {
 }
 
 /// The warning that tells the pod's creator where it may run.
-fn placement_note(policy: &Policy) -> String {
+fn placement_note(policy: &MutationPolicy) -> String {
     let pool = policy.pool.as_ref().map(|p| p.key.as_str());
     match (pool, &policy.spare) {
         (Some(pool), Some(spare)) if spare.placement == SparePlacement::Required => format!(
@@ -714,7 +714,7 @@ impl Builder {
         self.notes.push(w);
     }
 
-    fn finish(mut self, selection: Selection) -> Mutation {
+    fn finish(mut self, selection: Classification) -> Mutation {
         if !self.ops.is_empty() {
             self.warnings.append(&mut self.notes);
         }

@@ -73,7 +73,7 @@ fn merge(base: &mut Value, extra: Value) {
 }
 
 fn run(pod: &Pod, ns_labels: &BTreeMap<String, String>) -> Mutation {
-    mutate(pod, NS, ns_labels, &Policy::default(), &classes()).expect("not denied")
+    mutate(pod, NS, ns_labels, &MutationPolicy::default(), &classes()).expect("not denied")
 }
 
 fn apply(pod: &Pod, patch: &Patch) -> Pod {
@@ -115,7 +115,7 @@ fn paths(m: &Mutation) -> Vec<String> {
 fn gpu_pod_in_research_namespace_gets_the_full_mark() {
     let p = pod(json!({}));
     let m = run(&p, &research_ns());
-    assert_eq!(m.selection, Selection::Research { gpu: true });
+    assert_eq!(m.selection, Classification::Research { gpu: true });
     assert_eq!(
         patch_json(&m),
         json!([
@@ -185,8 +185,8 @@ fn pods_that_are_not_selected_are_never_touched() {
         ),
     ];
     for (name, p, labels, ns, reason) in cases {
-        let m = mutate(&p, ns, &labels, &Policy::default(), &classes()).expect(name);
-        assert_eq!(m.selection, Selection::Skipped(reason), "{name}");
+        let m = mutate(&p, ns, &labels, &MutationPolicy::default(), &classes()).expect(name);
+        assert_eq!(m.selection, Classification::Skipped(reason), "{name}");
         assert!(m.patch.0.is_empty(), "{name}: {}", patch_json(&m));
         assert!(m.warnings.is_empty(), "{name}");
     }
@@ -196,7 +196,7 @@ fn pods_that_are_not_selected_are_never_touched() {
 fn pod_label_opts_in_outside_research_namespaces() {
     let p = pod(json!({"metadata": {"labels": {"nightshift.io/research": "true", "app": "x"}}}));
     let m = run(&p, &plain_ns());
-    assert_eq!(m.selection, Selection::Research { gpu: true });
+    assert_eq!(m.selection, Classification::Research { gpu: true });
     assert!(paths(&m).contains(&"add /metadata/labels/nightshift.io~1lent".to_string()));
     assert_idempotent(&p, &plain_ns());
 }
@@ -205,7 +205,7 @@ fn pod_label_opts_in_outside_research_namespaces() {
 fn pods_in_research_namespaces_cannot_opt_out() {
     let p = pod(json!({"metadata": {"labels": {"nightshift.io/research": "false"}}}));
     let m = run(&p, &research_ns());
-    assert_eq!(m.selection, Selection::Research { gpu: true });
+    assert_eq!(m.selection, Classification::Research { gpu: true });
     assert!(
         m.warnings.iter().any(|w| w.contains("ignored")),
         "{:?}",
@@ -251,7 +251,7 @@ fn required_affinity_is_anded_into_every_existing_term() {
         .expect("required affinity")
         .node_selector_terms;
     assert_eq!(terms.len(), 3, "no term added or removed");
-    let policy = Policy::default();
+    let policy = MutationPolicy::default();
     let reqs = required_requirements(&policy);
     assert_eq!(reqs.len(), 2, "pool and spare mark");
     assert!(terms.iter().all(|t| reqs.iter().all(|r| term_has(t, r))));
@@ -262,8 +262,8 @@ fn required_affinity_is_anded_into_every_existing_term() {
     );
 }
 
-fn preferred_policy() -> Policy {
-    let mut policy = Policy::default();
+fn preferred_policy() -> MutationPolicy {
+    let mut policy = MutationPolicy::default();
     if let Some(spare) = policy.spare.as_mut() {
         spare.placement = SparePlacement::Preferred { weight: 100 };
     }
@@ -402,9 +402,9 @@ fn only_missing_tolerations_are_added() {
 
 #[test]
 fn taints_with_values_get_equal_tolerations() {
-    let policy = Policy {
+    let policy = MutationPolicy {
         pool_taints: vec!["gpu=shared:NoExecute".parse().expect("taint")],
-        ..Policy::default()
+        ..MutationPolicy::default()
     };
     let p = pod(json!({}));
     let m = mutate(&p, NS, &research_ns(), &policy, &classes()).expect("ok");
@@ -427,9 +427,9 @@ fn taints_with_values_get_equal_tolerations() {
 
 #[test]
 fn label_keys_with_slash_and_tilde_are_escaped_in_pointers() {
-    let policy = Policy {
+    let policy = MutationPolicy {
         lent_label: Some("example.com/odd~key".into()),
-        ..Policy::default()
+        ..MutationPolicy::default()
     };
     let p = pod(json!({"metadata": {"labels": {"app": "x"}}}));
     let m = mutate(&p, NS, &research_ns(), &policy, &classes()).expect("ok");
@@ -530,7 +530,7 @@ fn missing_research_class_denies_with_instructions() {
         &pod(json!({})),
         NS,
         &research_ns(),
-        &Policy::default(),
+        &MutationPolicy::default(),
         &cls,
     )
     .expect_err("denied");
@@ -541,7 +541,14 @@ fn missing_research_class_denies_with_instructions() {
     );
     assert!(msg.contains("preemption-policy=Never"), "{msg}");
     // Pods that are not research are not affected by the missing class.
-    let m = mutate(&pod(json!({})), NS, &plain_ns(), &Policy::default(), &cls).expect("ok");
+    let m = mutate(
+        &pod(json!({})),
+        NS,
+        &plain_ns(),
+        &MutationPolicy::default(),
+        &cls,
+    )
+    .expect("ok");
     assert!(m.patch.0.is_empty());
 }
 
@@ -552,7 +559,7 @@ fn cpu_only_research_pod_gets_low_priority_but_stays_off_the_gpu_pool() {
         "resources": {"requests": {"cpu": "2", "nvidia.com/gpu": "0"}}}]}}),
     );
     let m = run(&p, &research_ns());
-    assert_eq!(m.selection, Selection::Research { gpu: false });
+    assert_eq!(m.selection, Classification::Research { gpu: false });
     let ps = paths(&m);
     assert!(ps.iter().any(|p| p.contains("priorityClassName")), "{ps:?}");
     assert!(
@@ -578,7 +585,7 @@ fn gpu_requested_only_by_an_init_container_counts() {
     }}));
     assert_eq!(
         run(&p, &research_ns()).selection,
-        Selection::Research { gpu: true }
+        Classification::Research { gpu: true }
     );
 }
 
@@ -611,9 +618,9 @@ fn grace_period_is_capped_never_raised() {
 
 #[test]
 fn packing_profile_is_given_to_gpu_research_pods_of_the_default_scheduler_only() {
-    let policy = Policy {
+    let policy = MutationPolicy {
         scheduler_name: Some(PACKING.into()),
-        ..Policy::default()
+        ..MutationPolicy::default()
     };
     let name_after = |extra: Value| {
         let p = pod(extra);
@@ -653,14 +660,14 @@ fn packing_profile_is_given_to_gpu_research_pods_of_the_default_scheduler_only()
 
 #[test]
 fn every_part_can_be_switched_off() {
-    let policy = Policy {
+    let policy = MutationPolicy {
         priority_class: None,
         pool: None,
         spare: None,
         pool_taints: Vec::new(),
         lent_label: None,
         max_grace_period_seconds: None,
-        ..Policy::default()
+        ..MutationPolicy::default()
     };
     let p = pod(json!({"spec": {"terminationGracePeriodSeconds": 600}}));
     let m = mutate(&p, NS, &research_ns(), &policy, &BTreeMap::new()).expect("no class needed");
@@ -669,12 +676,12 @@ fn every_part_can_be_switched_off() {
 
 #[test]
 fn pool_names_give_an_in_requirement() {
-    let policy = Policy {
+    let policy = MutationPolicy {
         pool: Some(PoolSelector {
             key: "nightshift.io/pool".into(),
             values: vec!["h100".into(), "a100".into()],
         }),
-        ..Policy::default()
+        ..MutationPolicy::default()
     };
     let p = pod(json!({}));
     let m = mutate(&p, NS, &research_ns(), &policy, &classes()).expect("ok");
@@ -837,7 +844,7 @@ proptest! {
     fn patched_pods_are_valid_marked_and_stable(
         (ns, doc) in arb_case(), preferred in any::<bool>(), packing in any::<bool>()
     ) {
-        let mut policy = if preferred { preferred_policy() } else { Policy::default() };
+        let mut policy = if preferred { preferred_policy() } else { MutationPolicy::default() };
         if packing { policy.scheduler_name = Some(PACKING.into()); }
         let pod: Pod = serde_json::from_value(doc.clone()).expect("generated pod is valid");
         let m = mutate(&pod, NS, &ns, &policy, &classes()).expect("research class exists");
@@ -850,11 +857,11 @@ proptest! {
         let selected = ns.contains_key("nightshift.io/research")
             || pod.metadata.labels.as_ref().and_then(|l| l.get("nightshift.io/research")).is_some_and(|v| v == "true");
         match m.selection {
-            Selection::Skipped(_) => {
+            Classification::Skipped(_) => {
                 prop_assert!(!selected);
                 prop_assert!(m.patch.0.is_empty());
             }
-            Selection::Research { gpu } => {
+            Classification::Research { gpu } => {
                 prop_assert!(selected);
                 let spec = patched.spec.clone().expect("spec");
                 let cls = classes();
@@ -897,7 +904,7 @@ proptest! {
             doc["spec"]["nodeSelector"] = json!({"zone": "a"});
             doc["metadata"]["annotations"] = json!({"team": "x"});
         }
-        let policy = Policy { scheduler_name: Some(PACKING.into()), ..Policy::default() };
+        let policy = MutationPolicy { scheduler_name: Some(PACKING.into()), ..MutationPolicy::default() };
         let whole: Pod = serde_json::from_value(doc.clone()).expect("generated pod is valid");
         let trimmed = serde_json::from_value::<super::super::pod_fields::AdmittedPod>(doc)
             .expect("trimmed decode")

@@ -24,7 +24,7 @@ use prometheus_client::{
 
 use super::{
     cluster::ClusterView,
-    mutate::{Denial, Mutation, Policy, Selection, mutate},
+    mutate::{Classification, Denial, Mutation, MutationPolicy, mutate},
     pod_fields::AdmittedPod,
 };
 
@@ -162,7 +162,7 @@ pub enum Answer {
 /// Everything a review needs: the policy, the cluster view and the metrics.
 #[derive(Clone)]
 pub struct Reviewer {
-    pub policy: Arc<Policy>,
+    pub policy: Arc<MutationPolicy>,
     pub cluster: Arc<dyn ClusterView>,
     pub metrics: Metrics,
 }
@@ -246,7 +246,7 @@ impl Reviewer {
                     Outcome::Skipped
                 };
                 match selection {
-                    Selection::Research { gpu } => tracing::info!(
+                    Classification::Research { gpu } => tracing::info!(
                         namespace,
                         pod = name,
                         gpu,
@@ -254,7 +254,7 @@ impl Reviewer {
                         dry_run = request.dry_run,
                         "research pod marked"
                     ),
-                    Selection::Skipped(reason) => {
+                    Classification::Skipped(reason) => {
                         tracing::debug!(namespace, pod = name, reason = reason.as_str(), "skipped")
                     }
                 }

@@ -10,7 +10,7 @@ use jiff::Timestamp;
 use kube::runtime::watcher;
 use nightshift::{
     pool::{
-        controller::{Controller, Metrics, Policy},
+        controller::{Controller, LendingPolicy, Metrics},
         fixtures::{node, pod},
         report, run,
         windows::Windows,
@@ -44,7 +44,7 @@ async fn serve(router: axum::Router) -> Server {
 fn controller() -> Arc<Mutex<Controller>> {
     let now = Timestamp::now();
     let mut c = Controller::new(
-        Policy {
+        LendingPolicy {
             vocabulary: Vocabulary::default(),
             headroom: 4,
             windows: Windows::default(),

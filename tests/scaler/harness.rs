@@ -15,7 +15,7 @@ use nightshift::{
             },
         },
     },
-    sources::{metrics::SourceMetrics, policy::Policy},
+    sources::{metrics::SourceMetrics, policy::SourcePolicy},
     tls::ServerTls,
 };
 use prometheus_client::registry::Registry;
@@ -51,7 +51,7 @@ impl ScalerUnderTest {
         stream_interval: Duration,
         tls: Option<Arc<ServerTls>>,
     ) -> Self {
-        Self::start_with_policy(cache_ttl, stream_interval, tls, Policy::permissive()).await
+        Self::start_with_policy(cache_ttl, stream_interval, tls, SourcePolicy::permissive()).await
     }
 
     /// A plaintext scaler under `policy`.
@@ -59,7 +59,7 @@ impl ScalerUnderTest {
         cache_ttl: Duration,
         stream_interval: Duration,
         tls: Option<Arc<ServerTls>>,
-        policy: Policy,
+        policy: SourcePolicy,
     ) -> Self {
         Self::start_full(
             cache_ttl,
@@ -76,7 +76,7 @@ impl ScalerUnderTest {
         cache_ttl: Duration,
         stream_interval: Duration,
         tls: Option<Arc<ServerTls>>,
-        policy: Policy,
+        policy: SourcePolicy,
         limits: service::Limits,
     ) -> Self {
         nightshift::install_crypto_provider();

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use nightshift::{scaler::service::Limits, sources::policy::Policy};
+use nightshift::{scaler::service::Limits, sources::policy::SourcePolicy};
 use tonic::Code;
 
 use crate::{
@@ -22,7 +22,7 @@ async fn start(change: impl FnOnce(&mut Limits)) -> ScalerUnderTest {
         Duration::from_millis(10),
         Duration::from_millis(50),
         None,
-        Policy::permissive(),
+        SourcePolicy::permissive(),
         limits,
     )
     .await

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use nightshift::{
     scaler::service::proto::ScaledObjectRef,
-    sources::policy::{Namespaces, Policy},
+    sources::policy::{Namespaces, SourcePolicy},
 };
 use tonic::Code;
 
@@ -18,14 +18,14 @@ use crate::{
 
 /// The shipped defaults: the platform Prometheus only, own namespace, no static endpoints, no
 /// loopback or link-local addresses.
-fn shipped() -> Policy {
-    Policy {
+fn shipped() -> SourcePolicy {
+    SourcePolicy {
         prometheus: vec!["http://prometheus.monitoring:9090".into()],
-        ..Policy::default()
+        ..SourcePolicy::default()
     }
 }
 
-async fn start(policy: Policy) -> ScalerUnderTest {
+async fn start(policy: SourcePolicy) -> ScalerUnderTest {
     ScalerUnderTest::start_with_policy(
         Duration::from_millis(10),
         Duration::from_millis(50),
@@ -94,11 +94,11 @@ async fn allowing_one_thing_does_not_allow_the_next() {
     let prom = FakePrometheus::start(Mode::Values(2.0), 1).await;
     let pod = Emulator::start("llama", 1, false).await;
     // Prometheus listed by its loopback address: still refused without the loopback flag.
-    let listed = Policy {
+    let listed = SourcePolicy {
         prometheus: vec![prom.address()],
         endpoints: true,
         namespaces: Namespaces::Listed(vec!["team-b".into()]),
-        ..Policy::default()
+        ..SourcePolicy::default()
     };
     let s = start(listed.clone()).await;
     let from_prom = scaled_object(
@@ -138,7 +138,7 @@ async fn allowing_one_thing_does_not_allow_the_next() {
     drop(s);
 
     // With the loopback flag, the listed Prometheus and the endpoints are read.
-    let s = start(Policy {
+    let s = start(SourcePolicy {
         loopback: true,
         ..listed
     })
@@ -153,7 +153,7 @@ async fn allowing_one_thing_does_not_allow_the_next() {
 
 #[tokio::test]
 async fn upstream_bodies_are_not_reflected() {
-    let s = start(Policy::permissive()).await;
+    let s = start(SourcePolicy::permissive()).await;
     let mut c = s.client().await;
 
     // A pod answering HTML: the error says what is wrong, not what it read.

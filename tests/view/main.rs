@@ -11,7 +11,7 @@ use jiff::Timestamp;
 use kube::runtime::watcher;
 use nightshift::{
     pool::{
-        controller::{Controller, Metrics, Policy},
+        controller::{Controller, LendingPolicy, Metrics},
         fixtures::{node, pod},
         history::Sample,
         windows::Windows,
@@ -29,7 +29,7 @@ use tower::ServiceExt;
 pub fn controller() -> Arc<Mutex<Controller>> {
     let now = Timestamp::now();
     let mut c = Controller::new(
-        Policy {
+        LendingPolicy {
             vocabulary: Vocabulary::default(),
             headroom: 8,
             windows: Windows::default(),

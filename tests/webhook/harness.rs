@@ -12,7 +12,7 @@ use nightshift::{
         Error,
         certs::{self, GenerateArgs},
         cluster::{ClusterError, ClusterView, FixedCluster},
-        mutate::{Policy, PriorityClassInfo, PriorityClasses},
+        mutate::{MutationPolicy, PriorityClassInfo, PriorityClasses},
         review::{Metrics, Reviewer},
         server,
     },
@@ -71,7 +71,7 @@ impl Server {
         let (cert_args, tls) = localhost_cert::generate(dir.path());
         let metrics = Metrics::default();
         let reviewer = Reviewer {
-            policy: Arc::new(Policy::default()),
+            policy: Arc::new(MutationPolicy::default()),
             cluster,
             metrics: metrics.clone(),
         };
