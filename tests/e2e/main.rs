@@ -13,6 +13,7 @@
 
 mod admission;
 mod binary;
+mod chaos;
 mod cluster;
 mod failure;
 mod gate;
@@ -21,6 +22,7 @@ mod keda;
 mod objects;
 mod packing;
 mod process;
+mod proxy;
 mod rbac;
 mod scrape;
 mod victims;
@@ -73,6 +75,13 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         (
             "scrape_discovers_pods_from_endpointslices_and_follows_them",
             |c| Box::pin(scrape::run(c)),
+        ),
+        ("chaos_apiserver_restart_during_lending_converges", |c| {
+            Box::pin(chaos::run_restart(c))
+        }),
+        (
+            "chaos_partitioned_nightshift_steps_down_and_takes_the_lease_back",
+            |c| Box::pin(chaos::run_partition(c)),
         ),
     ]
 }
