@@ -329,7 +329,11 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// The per-pod readings of one family query's answer. Refuses anything but an instant vector and
 /// any value that is not finite and non-negative.
-pub fn index_from(server: &Server, labels: &Labels, data: Data) -> Result<FamilyIndex, SourceError> {
+pub fn index_from(
+    server: &Server,
+    labels: &Labels,
+    data: Data,
+) -> Result<FamilyIndex, SourceError> {
     let garbage = |detail: String| SourceError::Garbage {
         upstream: format!("Prometheus {}", server.address),
         detail,
