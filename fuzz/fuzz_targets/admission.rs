@@ -64,6 +64,11 @@ fuzz_target!(|body: &[u8]| {
         return;
     };
     let sent = &sent["request"]["object"];
+    // The API server always sends both (Go's `omitempty` never omits a struct); a patch for an
+    // object without them has nothing to apply to, and the API server would refuse the pod.
+    if !(sent["metadata"].is_object() && sent["spec"].is_object()) {
+        return;
+    }
     let research: BTreeMap<String, String> =
         [("nightshift.io/research".to_string(), "true".to_string())].into();
     let classes = classes();
