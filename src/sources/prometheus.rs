@@ -330,7 +330,13 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     super::bounded(&s)
 }
 
-fn index_from(server: &Server, labels: &Labels, data: Data) -> Result<FamilyIndex, SourceError> {
+/// The per-pod readings of one family query's answer. Refuses anything but an instant vector and
+/// any value that is not finite and non-negative.
+pub fn index_from(
+    server: &Server,
+    labels: &Labels,
+    data: Data,
+) -> Result<FamilyIndex, SourceError> {
     let garbage = |detail: String| SourceError::Garbage {
         upstream: format!("Prometheus {}", server.address),
         detail,
@@ -360,7 +366,9 @@ fn index_from(server: &Server, labels: &Labels, data: Data) -> Result<FamilyInde
     Ok(FamilyIndex::from_pod_values(values))
 }
 
-fn single_value(server: &Server, query: &str, data: Data) -> Result<Option<f64>, SourceError> {
+/// The value of a raw query's answer: `None` for an empty vector, an error for several elements,
+/// a range vector, or a value that is not finite and non-negative.
+pub fn single_value(server: &Server, query: &str, data: Data) -> Result<Option<f64>, SourceError> {
     let garbage = |detail: String| SourceError::Garbage {
         upstream: format!("Prometheus {}", server.address),
         detail: format!("query {query:?}: {detail}"),

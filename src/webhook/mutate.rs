@@ -502,9 +502,11 @@ fn node_affinity(b: &mut Builder, spec: &PodSpec, policy: &MutationPolicy) {
         if need_required {
             match required_terms {
                 None => b.add(&[NA[0], NA[1], NA[2], REQ], new_required()),
+                // No terms: the list may be absent (or null) in the object as sent, where an
+                // append would not apply. Set the whole list.
                 Some(sel) if sel.node_selector_terms.is_empty() => b.add(
-                    &[NA[0], NA[1], NA[2], REQ, "nodeSelectorTerms", "-"],
-                    new_term(),
+                    &[NA[0], NA[1], NA[2], REQ, "nodeSelectorTerms"],
+                    json!([new_term()]),
                 ),
                 Some(sel) => {
                     // Terms are ORed: AND the requirements into every one of them.

@@ -916,3 +916,23 @@ proptest! {
         prop_assert_eq!(format!("{:?}", a.selection), format!("{:?}", b.selection));
     }
 }
+
+/// Found by the `admission` fuzz target: a required node affinity without its term list (absent
+/// in the object as sent) got an append to that list, which does not apply. The patch must
+/// apply to the object exactly as sent and leave nothing for a second pass.
+#[test]
+fn required_affinity_without_a_term_list_gets_the_whole_list() {
+    for required in [json!({}), json!({"nodeSelectorTerms": []})] {
+        let mut sent = serde_json::to_value(pod(json!({}))).expect("pod serialises");
+        sent["spec"]["affinity"] =
+            json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}});
+        let p: Pod = serde_json::from_value(sent.clone()).expect("pod reads");
+        let m = run(&p, &research_ns());
+        let mut patched = sent.clone();
+        json_patch::patch(&mut patched, &m.patch.0)
+            .unwrap_or_else(|e| panic!("{required}: patch does not apply: {e}"));
+        let p2: Pod = serde_json::from_value(patched).expect("patched pod reads");
+        let second = run(&p2, &research_ns());
+        assert!(second.patch.0.is_empty(), "{}", patch_json(&second));
+    }
+}

@@ -288,7 +288,9 @@ fn deny(response: AdmissionResponse, denial: &Denial) -> AdmissionResponse {
 /// Parses a review. The fast path reads the fields of the pod that decisions use straight into
 /// their typed form ([`AdmittedPod`]); only when that fails is the body parsed again, loosely, to
 /// tell the caller precisely what is wrong (and to echo the uid when there is one).
-fn parse(body: &[u8]) -> Result<AdmissionRequest<AdmittedPod>, ReviewError> {
+///
+/// Public so that the fuzz targets drive exactly the parser [`Reviewer::review`] uses.
+pub fn parse(body: &[u8]) -> Result<AdmissionRequest<AdmittedPod>, ReviewError> {
     let typed_error = match serde_json::from_slice::<AdmissionReview<AdmittedPod>>(body) {
         Ok(review) => {
             check_types(&review.types)?;

@@ -81,6 +81,9 @@ struct Env {
     work: Option<TempDir>,
     logs: Option<TempDir>,
     log_dir: PathBuf,
+    /// How the API server was started, so that a scenario can restart it the same way (etcd
+    /// keeps the state).
+    apiserver: Mutex<Option<(PathBuf, Vec<String>)>>,
 }
 
 /// Finds the directory with the control-plane binaries: `NIGHTSHIFT_E2E_BIN_DIR`, else the cache
@@ -272,6 +275,7 @@ impl Cluster {
             work: Some(work),
             logs: Some(logs),
             log_dir: log_dir.clone(),
+            apiserver: Mutex::new(None),
         };
         let started = Instant::now();
         match boot(&env, &bin_dir, &dir).await {
@@ -417,6 +421,51 @@ impl Cluster {
         self.env.print_log_tails();
     }
 
+    /// Kills the API server (SIGKILL, as when its node dies); every client sees refused
+    /// connections until [`Cluster::start_apiserver`]. etcd keeps the state.
+    pub fn kill_apiserver(&self) -> Result<()> {
+        let mut procs = self
+            .env
+            .procs
+            .lock()
+            .map_err(|_| anyhow::anyhow!("process list poisoned"))?;
+        let p = procs
+            .iter_mut()
+            .find(|p| p.name() == "kube-apiserver")
+            .context("no kube-apiserver process")?;
+        p.kill();
+        Ok(())
+    }
+
+    /// Starts the API server again with the flags, port and data of the first start (its log
+    /// continues in the same file) and waits until it is ready; returns how long that took.
+    pub async fn start_apiserver(&self) -> Result<Duration> {
+        let t = Instant::now();
+        let (bin, args) = self
+            .env
+            .apiserver
+            .lock()
+            .map_err(|_| anyhow::anyhow!("API server record poisoned"))?
+            .clone()
+            .context("the API server was never started")?;
+        let fresh = Process::spawn("kube-apiserver", &bin, &args, &self.env.log_dir)?;
+        {
+            let mut procs = self
+                .env
+                .procs
+                .lock()
+                .map_err(|_| anyhow::anyhow!("process list poisoned"))?;
+            // Same place in the list: the stop order (clients first, etcd last) stays.
+            let slot = procs
+                .iter_mut()
+                .find(|p| p.name() == "kube-apiserver")
+                .context("no kube-apiserver process")?;
+            *slot = fresh;
+        }
+        wait_apiserver_ready(&self.env, &self.client).await?;
+        Ok(t.elapsed())
+    }
+
     /// Kills every component process now (dropping the cluster does it too).
     pub fn stop(&self) {
         self.env.stop();
@@ -481,44 +530,46 @@ async fn boot(env: &Env, bin: &Path, dir: &Path) -> Result<(kube::Client, String
         ],
     )?;
 
-    env.spawn(
-        "kube-apiserver",
-        &bin.join("kube-apiserver"),
-        &[
-            format!("--etcd-servers={client_url}"),
-            s("--bind-address=127.0.0.1"),
-            s("--advertise-address=127.0.0.1"),
-            format!("--secure-port={api_port}"),
-            format!("--cert-dir={}", d("apiserver-certs")),
-            format!("--tls-cert-file={}", d("apiserver.crt")),
-            format!("--tls-private-key-file={}", d("apiserver.key")),
-            format!("--client-ca-file={}", d("ca.crt")),
-            format!("--token-auth-file={}", d("tokens.csv")),
-            s("--authorization-mode=RBAC"),
-            s("--service-cluster-ip-range=10.96.0.0/16"),
-            s("--service-account-issuer=https://kubernetes.default.svc.cluster.local"),
-            format!("--service-account-key-file={}", d("sa.pub")),
-            format!("--service-account-signing-key-file={}", d("sa.key")),
-            s("--allow-privileged=true"),
-            // The `kubernetes` Service cannot point at a loopback address; nothing here uses it.
-            s("--endpoint-reconciler-type=none"),
-            s("--profiling=false"),
-            format!("--audit-policy-file={}", d("audit-policy.yaml")),
-            format!("--audit-log-path={}", d("audit.log")),
-            // The aggregation layer, for KEDA's external metrics API (an APIService served by
-            // the adapter): the API server proxies with the front-proxy client certificate and
-            // passes the caller's identity in these headers, which the adapter trusts for
-            // certificates of this CA with the allowed name.
-            format!("--requestheader-client-ca-file={}", d("ca.crt")),
-            format!("--requestheader-allowed-names={FRONT_PROXY_NAME}"),
-            s("--requestheader-username-headers=X-Remote-User"),
-            s("--requestheader-group-headers=X-Remote-Group"),
-            s("--requestheader-extra-headers-prefix=X-Remote-Extra-"),
-            format!("--proxy-client-cert-file={}", d("front-proxy.crt")),
-            format!("--proxy-client-key-file={}", d("front-proxy.key")),
-            s("--v=1"),
-        ],
-    )?;
+    let apiserver_args = vec![
+        format!("--etcd-servers={client_url}"),
+        s("--bind-address=127.0.0.1"),
+        s("--advertise-address=127.0.0.1"),
+        format!("--secure-port={api_port}"),
+        format!("--cert-dir={}", d("apiserver-certs")),
+        format!("--tls-cert-file={}", d("apiserver.crt")),
+        format!("--tls-private-key-file={}", d("apiserver.key")),
+        format!("--client-ca-file={}", d("ca.crt")),
+        format!("--token-auth-file={}", d("tokens.csv")),
+        s("--authorization-mode=RBAC"),
+        s("--service-cluster-ip-range=10.96.0.0/16"),
+        s("--service-account-issuer=https://kubernetes.default.svc.cluster.local"),
+        format!("--service-account-key-file={}", d("sa.pub")),
+        format!("--service-account-signing-key-file={}", d("sa.key")),
+        s("--allow-privileged=true"),
+        // The `kubernetes` Service cannot point at a loopback address; nothing here uses it.
+        s("--endpoint-reconciler-type=none"),
+        s("--profiling=false"),
+        format!("--audit-policy-file={}", d("audit-policy.yaml")),
+        format!("--audit-log-path={}", d("audit.log")),
+        // The aggregation layer, for KEDA's external metrics API (an APIService served by the
+        // adapter): the API server proxies with the front-proxy client certificate and passes
+        // the caller's identity in these headers, which the adapter trusts for certificates of
+        // this CA with the allowed name.
+        format!("--requestheader-client-ca-file={}", d("ca.crt")),
+        format!("--requestheader-allowed-names={FRONT_PROXY_NAME}"),
+        s("--requestheader-username-headers=X-Remote-User"),
+        s("--requestheader-group-headers=X-Remote-Group"),
+        s("--requestheader-extra-headers-prefix=X-Remote-Extra-"),
+        format!("--proxy-client-cert-file={}", d("front-proxy.crt")),
+        format!("--proxy-client-key-file={}", d("front-proxy.key")),
+        s("--v=1"),
+    ];
+    let apiserver_bin = bin.join("kube-apiserver");
+    env.spawn("kube-apiserver", &apiserver_bin, &apiserver_args)?;
+    *env.apiserver
+        .lock()
+        .map_err(|_| anyhow::anyhow!("API server record poisoned"))? =
+        Some((apiserver_bin, apiserver_args));
 
     let client = client_from_kubeconfig(&kubeconfig).await?;
     wait_apiserver_ready(env, &client).await?;

@@ -13,6 +13,7 @@
 
 mod admission;
 mod binary;
+mod chaos;
 mod cluster;
 mod failure;
 mod gate;
@@ -22,6 +23,7 @@ mod keda_stack;
 mod objects;
 mod packing;
 mod process;
+mod proxy;
 mod rbac;
 mod scrape;
 mod source;
@@ -71,6 +73,13 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         (
             "scrape_discovers_pods_from_endpointslices_and_follows_them",
             |c| Box::pin(scrape::run(c)),
+        ),
+        ("chaos_apiserver_restart_during_lending_converges", |c| {
+            Box::pin(chaos::run_restart(c))
+        }),
+        (
+            "chaos_partitioned_nightshift_steps_down_and_takes_the_lease_back",
+            |c| Box::pin(chaos::run_partition(c)),
         ),
         // Last: the first scenario that needs KEDA starts it, and it then runs to the end.
         (

@@ -1,0 +1,98 @@
+//! Admission review parsing and mutation. Invariants: no panic on any body; for a pod creation
+//! the patch applies to the object exactly as the API server sent it; mutating the patched pod
+//! again gives an empty patch.
+#![no_main]
+
+use std::collections::BTreeMap;
+
+use libfuzzer_sys::fuzz_target;
+use nightshift::webhook::{
+    mutate::{Policy, PriorityClassInfo, SparePlacement, mutate},
+    pod_fields::AdmittedPod,
+    review::parse,
+};
+use serde_json::Value;
+
+/// The classes a cluster with nightshift's base manifests has, and one that would make research
+/// pods preempt (which `mutate` must refuse to hand out).
+fn classes() -> BTreeMap<String, PriorityClassInfo> {
+    [
+        ("nightshift-research", -1000, "Never"),
+        ("nightshift-inference", 1_000_000, "PreemptLowerPriority"),
+        ("low-but-preempting", -5000, "PreemptLowerPriority"),
+    ]
+    .into_iter()
+    .map(|(name, value, policy)| {
+        (
+            name.to_string(),
+            PriorityClassInfo {
+                value,
+                preemption_policy: policy.to_string(),
+            },
+        )
+    })
+    .collect()
+}
+
+/// The default policy, and one with every part switched on and the preferred spare placement.
+fn policies() -> [Policy; 2] {
+    let mut full = Policy::default();
+    full.scheduler_name = Some("nightshift-packing".into());
+    if let Some(spare) = full.spare.as_mut() {
+        spare.placement = SparePlacement::Preferred { weight: 100 };
+    }
+    [Policy::default(), full]
+}
+
+fuzz_target!(|body: &[u8]| {
+    let Ok(request) = parse(body) else { return };
+    let Some(object) = request.object else { return };
+    let pod = object.into_pod();
+    let Some(namespace) = request
+        .namespace
+        .as_deref()
+        .or(pod.metadata.namespace.as_deref())
+        .filter(|ns| !ns.is_empty())
+    else {
+        return;
+    };
+    // The object as sent: what the API server applies the patch to. The typed parse skips
+    // unused fields without validating them (invalid UTF-8 inside an ignored string passes);
+    // such a body is no JSON document to apply a patch to, and the API server never sends one
+    // (Go's encoder replaces invalid UTF-8).
+    let Ok(sent) = serde_json::from_slice::<Value>(body) else {
+        return;
+    };
+    let sent = &sent["request"]["object"];
+    // The API server always sends both (Go's `omitempty` never omits a struct); a patch for an
+    // object without them has nothing to apply to, and the API server would refuse the pod.
+    if !(sent["metadata"].is_object() && sent["spec"].is_object()) {
+        return;
+    }
+    let research: BTreeMap<String, String> =
+        [("nightshift.io/research".to_string(), "true".to_string())].into();
+    let classes = classes();
+    for policy in policies() {
+        for labels in [&research, &BTreeMap::new()] {
+            let Ok(first) = mutate(&pod, namespace, labels, &policy, &classes) else {
+                continue;
+            };
+            let mut patched = sent.clone();
+            if let Err(e) = json_patch::patch(&mut patched, &first.patch.0) {
+                panic!(
+                    "patch does not apply: {e}\npatch: {}\nobject: {sent}",
+                    serde_json::to_string(&first.patch).unwrap_or_default()
+                );
+            }
+            let again: AdmittedPod =
+                serde_json::from_value(patched.clone()).expect("the patched pod reads back");
+            let second = mutate(&again.into_pod(), namespace, labels, &policy, &classes)
+                .expect("a marked pod is not denied");
+            assert!(
+                second.patch.0.is_empty(),
+                "second pass not empty: {}\npatched: {patched}",
+                serde_json::to_string(&second.patch).unwrap_or_default()
+            );
+        }
+    }
+});
