@@ -33,7 +33,7 @@ use nightshift::scaler::service::proto::{
 use nightshift::webhook::{
     certs,
     cluster::FixedCluster,
-    mutate::Policy,
+    mutate::MutationPolicy,
     review::{Metrics, Reviewer},
     server,
 };
@@ -139,7 +139,7 @@ async fn webhook(secs: u64, every: u64, rate: f64) {
     let dir = tempfile::tempdir().expect("tempdir");
     let (_, tls) = localhost_cert::generate(dir.path());
     let reviewer = Reviewer {
-        policy: Arc::new(Policy::default()),
+        policy: Arc::new(MutationPolicy::default()),
         cluster: Arc::new(
             FixedCluster::default()
                 .with_namespace("research", &[("nightshift.io/research", "true")])
@@ -166,7 +166,7 @@ async fn webhook(secs: u64, every: u64, rate: f64) {
         let shutdown = shutdown.clone();
         async move {
             let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-            server::serve(listener, tls, router, shutdown).await
+            server::serve(listener, tls, router, server::Limits::default(), shutdown).await
         }
     });
     let body = serde_json::to_vec(&pod::admission_review(pod::realistic_pod())).expect("body");

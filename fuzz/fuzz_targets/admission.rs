@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
 use nightshift::webhook::{
-    mutate::{Policy, PriorityClassInfo, SparePlacement, mutate},
+    mutate::{MutationPolicy, PriorityClassInfo, SparePlacement, mutate},
     pod_fields::AdmittedPod,
     review::parse,
 };
@@ -35,13 +35,13 @@ fn classes() -> BTreeMap<String, PriorityClassInfo> {
 }
 
 /// The default policy, and one with every part switched on and the preferred spare placement.
-fn policies() -> [Policy; 2] {
-    let mut full = Policy::default();
+fn policies() -> [MutationPolicy; 2] {
+    let mut full = MutationPolicy::default();
     full.scheduler_name = Some("nightshift-packing".into());
     if let Some(spare) = full.spare.as_mut() {
         spare.placement = SparePlacement::Preferred { weight: 100 };
     }
-    [Policy::default(), full]
+    [MutationPolicy::default(), full]
 }
 
 fuzz_target!(|body: &[u8]| {
