@@ -389,6 +389,17 @@ fn chart(out: &mut String, title: &str, points: &[Sample], to: i64, span: i64, t
 /// The page.
 pub fn render(view: &View) -> String {
     let mut out = String::with_capacity(64 * 1024 + view.nodes.len() * 400);
+    header(&mut out, view);
+    pool_now(&mut out, view);
+    namespaces(&mut out, view);
+    preemptions(&mut out, view);
+    charts(&mut out, view);
+    nodes(&mut out, view);
+    out
+}
+
+/// Appends the document head, the lending state and the namespace filter.
+fn header(out: &mut String, view: &View) {
     let filter = view.namespace.as_deref();
     let title = match filter {
         Some(ns) => format!("GPU pool: research of {}", esc(ns)),
@@ -434,7 +445,11 @@ pub fn render(view: &View) -> String {
              incomplete.</p>",
         );
     }
+}
 
+/// Appends the pool now: cards and the bar of GPUs by use.
+fn pool_now(out: &mut String, view: &View) {
+    let p = &view.pool;
     out.push_str("<h2>The pool now</h2><div class=\"cards\">");
     let _ = write!(
         out,
@@ -449,8 +464,11 @@ pub fn render(view: &View) -> String {
         );
     }
     let _ = write!(out, "</div><p>{} GPUs in all.</p>", p.gpus.total());
-    bar(&mut out, &p.gpus, 1000.0, 18, "100%");
+    bar(out, &p.gpus, 1000.0, 18, "100%");
+}
 
+/// Appends research by namespace.
+fn namespaces(out: &mut String, view: &View) {
     out.push_str("<h2>Research by namespace</h2>");
     if view.namespaces.is_empty() {
         out.push_str("<p>No research seen since nightshift started.</p>");
@@ -482,7 +500,10 @@ pub fn render(view: &View) -> String {
          GPUs × time since the pod's last checkpoint (annotation \
          <code>nightshift.io/checkpointed-at</code>) or its start.</p>",
     );
+}
 
+/// Appends the recent preemptions.
+fn preemptions(out: &mut String, view: &View) {
     out.push_str("<h2>Recent preemptions</h2>");
     if view.preemptions.is_empty() {
         out.push_str("<p>None since nightshift started.</p>");
@@ -510,7 +531,10 @@ pub fn render(view: &View) -> String {
         }
         out.push_str("</table>");
     }
+}
 
+/// Appends GPUs by use over the last day and week.
+fn charts(out: &mut String, view: &View) {
     out.push_str("<h2>GPUs by use over time</h2><p>");
     for (name, colour) in COLOURS {
         let _ = write!(
@@ -532,17 +556,13 @@ pub fn render(view: &View) -> String {
     );
     let to = view.generated_at.as_second();
     out.push_str("<h3>Last 24 hours</h3>");
-    chart(
-        &mut out,
-        "GPUs by use, last 24 hours",
-        &c.day,
-        to,
-        DAY,
-        6 * 3600,
-    );
+    chart(out, "GPUs by use, last 24 hours", &c.day, to, DAY, 6 * 3600);
     out.push_str("<h3>Last 7 days</h3>");
-    chart(&mut out, "GPUs by use, last 7 days", &c.week, to, WEEK, DAY);
+    chart(out, "GPUs by use, last 7 days", &c.week, to, WEEK, DAY);
+}
 
+/// Appends one row per node, and the page end.
+fn nodes(out: &mut String, view: &View) {
     out.push_str(
         "<h2>Nodes</h2><table id=\"nodes-table\"><tr><th>Node</th><th>State</th>\
          <th class=\"n\">Inference</th><th class=\"n\">Research</th><th class=\"n\">Headroom</th>\
@@ -560,14 +580,13 @@ pub fn render(view: &View) -> String {
             n.gpus.headroom,
             n.gpus.free
         );
-        bar(&mut out, &n.gpus, 160.0, 12, "160");
+        bar(out, &n.gpus, 160.0, 12, "160");
         out.push_str("</td></tr>");
     }
     out.push_str(
         "</table><p class=\"meta\">Research jobs get spare GPUs when their namespace is labelled \
          <code>nightshift.io/research=true</code>: see docs/researchers.md.</p></body></html>",
     );
-    out
 }
 
 fn capitalised(s: &str) -> String {
