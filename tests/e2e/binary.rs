@@ -8,11 +8,14 @@
 //! process is killed when its guard drops, and its log stays in the component log directory
 //! (kept when a scenario fails).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams};
 use kube::config::Kubeconfig;
 
 use crate::cluster::{Cluster, POOL, POOL_LABEL};
@@ -475,6 +478,24 @@ pub fn kubectl_ok(cluster: &Cluster, args: &[&str], stdin: Option<&str>) -> Resu
 /// The pool controller's spare marks on GPU nodes.
 pub const SPARE: &str = "nightshift.io/spare";
 pub const SPARE_GPUS: &str = "nightshift.io/spare-gpus";
+
+/// Spare-GPU marks of the pool nodes: node name → `Some(spare GPUs)` when marked spare.
+pub async fn spare_marks(c: &Cluster) -> Result<BTreeMap<String, Option<String>>> {
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let list = nodes
+        .list(&ListParams::default().labels(POOL_LABEL))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .map(|n| {
+            let labels = n.metadata.labels.unwrap_or_default();
+            let spare = (labels.get(SPARE).map(String::as_str) == Some("true"))
+                .then(|| labels.get(SPARE_GPUS).cloned().unwrap_or_default());
+            (n.metadata.name.unwrap_or_default(), spare)
+        })
+        .collect())
+}
 
 /// Removes the spare marks from every GPU-pool node (as if someone had), so that a scenario can
 /// check that nightshift writes them again.

@@ -9,7 +9,6 @@
 //!
 //! Each part prints its recovery times.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -17,15 +16,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
 use crate::admission::{deploy, research_pod, wait_webhook_active};
-use crate::binary::{
-    self, Nightshift, Registration, SPARE, SPARE_GPUS, Workspace, remove_spare_marks,
-};
-use crate::cluster::{Cluster, GPU_NODES, POOL_LABEL};
+use crate::binary::{self, Nightshift, Registration, Workspace, remove_spare_marks};
+use crate::cluster::{Cluster, GPU_NODES};
 use crate::objects::{self, is_bound};
 use crate::proxy::Proxy;
 use crate::wait::{self, Check};
@@ -301,7 +298,7 @@ async fn converged(c: &Cluster, ns: &Nightshift, lent: u32, phase: &str) -> Resu
             let admin = admin.clone();
             async move {
                 let status: Value = serde_json::from_str(&admin.get("/status").await?)?;
-                let labels = spare_labels(c).await?;
+                let labels = binary::spare_marks(c).await?;
                 let mut disagree = Vec::new();
                 for node in status["nodes"].as_array().into_iter().flatten() {
                     let name = node["name"].as_str().unwrap_or_default();
@@ -330,27 +327,8 @@ async fn converged(c: &Cluster, ns: &Nightshift, lent: u32, phase: &str) -> Resu
     .await
 }
 
-/// Pool node → the spare-GPU count it is labelled with, when marked spare.
-async fn spare_labels(c: &Cluster) -> Result<BTreeMap<String, Option<String>>> {
-    let nodes: Api<Node> = Api::all(c.client.clone());
-    let list = nodes
-        .list(&ListParams::default().labels(POOL_LABEL))
-        .await?;
-    Ok(list
-        .items
-        .into_iter()
-        .map(|n| {
-            let labels = n.metadata.labels.unwrap_or_default();
-            let spare = (labels.get(SPARE).map(String::as_str) == Some("true"))
-                .then(|| labels.get(SPARE_GPUS).cloned())
-                .flatten();
-            (n.metadata.name.unwrap_or_default(), spare)
-        })
-        .collect())
-}
-
 async fn marked_nodes(c: &Cluster) -> Result<usize> {
-    Ok(spare_labels(c)
+    Ok(binary::spare_marks(c)
         .await?
         .values()
         .filter(|v| v.is_some())

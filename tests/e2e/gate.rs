@@ -15,13 +15,13 @@ use anyhow::{Context, Result, ensure};
 use jiff::{Timestamp, tz::TimeZone};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
 use crate::admission::deploy_with;
-use crate::binary::{self, SPARE, SPARE_GPUS};
-use crate::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE, POOL_LABEL};
+use crate::binary::{self, SPARE};
+use crate::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE};
 use crate::objects::{self, is_bound, is_running, node_of};
 use crate::victims::VictimWatch;
 use crate::wait::{self, Check};
@@ -232,24 +232,6 @@ fn windows_around(now: Timestamp, open_for: Duration, closed_for: Duration) -> R
     ))
 }
 
-/// Spare-GPU marks of the pool nodes: node name → `Some(spare GPUs)` when marked spare.
-pub async fn marks(c: &Cluster) -> Result<BTreeMap<String, Option<String>>> {
-    let nodes: Api<Node> = Api::all(c.client.clone());
-    let list = nodes
-        .list(&ListParams::default().labels(POOL_LABEL))
-        .await?;
-    Ok(list
-        .items
-        .into_iter()
-        .map(|n| {
-            let labels = n.metadata.labels.unwrap_or_default();
-            let spare = (labels.get(SPARE).map(String::as_str) == Some("true"))
-                .then(|| labels.get(SPARE_GPUS).cloned().unwrap_or_default());
-            (n.metadata.name.unwrap_or_default(), spare)
-        })
-        .collect())
-}
-
 pub async fn wait_marks(
     c: &Cluster,
     what: &str,
@@ -267,7 +249,7 @@ async fn wait_marks_within(
     let ok = &ok;
     wait::until(what, timeout, || async {
         c.check_processes()?;
-        let m = marks(c).await?;
+        let m = binary::spare_marks(c).await?;
         Ok(if ok(&m) {
             Check::Done(m)
         } else {
