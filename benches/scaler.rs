@@ -11,7 +11,10 @@
 
 #[path = "support/cpu_time.rs"]
 mod cpu_time;
+#[path = "support/scaler_load.rs"]
+mod scaler_load;
 
+use scaler_load::request;
 use std::{
     collections::HashMap,
     net::SocketAddr,
@@ -30,9 +33,7 @@ use axum::{
     routing::get,
 };
 use cpu_time::cpu_seconds;
-use nightshift::scaler::service::proto::{
-    GetMetricsRequest, ScaledObjectRef, external_scaler_client::ExternalScalerClient,
-};
+use nightshift::scaler::service::proto::external_scaler_client::ExternalScalerClient;
 use tonic::transport::Channel;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
@@ -74,7 +75,7 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-async fn start_server(ttl: &str) -> (Server, Channel) {
+async fn start_server(ttl: &str, prom: SocketAddr) -> (Server, Channel) {
     let grpc = free_port();
     let admin = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_nightshift"))
@@ -86,6 +87,10 @@ async fn start_server(ttl: &str) -> (Server, Channel) {
             &format!("127.0.0.1:{admin}"),
             "--scaler-cache-ttl",
             ttl,
+            // The Prometheus stand-in listens on loopback: allow exactly it, as a dev setup would.
+            "--scaler-allowed-prometheus",
+            &format!("http://{prom}"),
+            "--scaler-allow-loopback",
             "--log",
             "error",
         ])
@@ -112,21 +117,9 @@ async fn fake_prometheus(queries: Arc<AtomicUsize>) -> SocketAddr {
         Query(_p): Query<HashMap<String, String>>,
     ) -> ([(axum::http::HeaderName, &'static str); 1], String) {
         q.fetch_add(1, Ordering::SeqCst);
-        let items: Vec<String> = (0..SCALED_OBJECTS)
-            .flat_map(|m| {
-                (0..2).map(move |p| {
-                    format!(
-                        r#"{{"metric":{{"namespace":"bench","model_name":"model-{m}","pod":"pod-{m}-{p}"}},"value":[1700000000.0,"0.5"]}}"#
-                    )
-                })
-            })
-            .collect();
         (
             [(CONTENT_TYPE, "application/json")],
-            format!(
-                r#"{{"status":"success","data":{{"resultType":"vector","result":[{}]}}}}"#,
-                items.join(",")
-            ),
+            scaler_load::prometheus_answer(SCALED_OBJECTS),
         )
     }
     let app = Router::new()
@@ -140,31 +133,6 @@ async fn fake_prometheus(queries: Arc<AtomicUsize>) -> SocketAddr {
         let _ = axum::serve(listener, app).await;
     });
     addr
-}
-
-fn request(prom: SocketAddr, i: usize) -> GetMetricsRequest {
-    let meta: HashMap<String, String> = [
-        ("serverAddress", format!("http://{prom}")),
-        ("model", format!("model-{i}")),
-        ("waitingTarget", "2".into()),
-        ("kvCacheTarget", "0.8".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    GetMetricsRequest {
-        scaled_object_ref: Some(ScaledObjectRef {
-            name: format!("so-{i}"),
-            namespace: "bench".into(),
-            scaler_metadata: meta,
-        }),
-        metric_name: "vllm-demand".into(),
-    }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
 }
 
 /// One kind of round trip the latency runs time.
@@ -239,7 +207,7 @@ async fn run() {
     let prom = fake_prometheus(queries.clone()).await;
 
     // Latency with a cache that never expires during the run.
-    let (server, channel) = start_server("1h").await;
+    let (server, channel) = start_server("1h", prom).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     println!(
         "idle RSS: {:.1} MiB",
@@ -263,7 +231,7 @@ async fn run() {
 
     // 1,000 ScaledObjects, each polling GetMetrics then IsActive like KEDA, for 3 rounds
     // spaced by the default 1 s cache TTL.
-    let (server, channel) = start_server("1s").await;
+    let (server, channel) = start_server("1s", prom).await;
     let client = ExternalScalerClient::new(channel);
     let rounds = 3;
     queries.store(0, Ordering::SeqCst);
@@ -308,4 +276,9 @@ fn main() {
         .build()
         .expect("runtime");
     runtime.block_on(run());
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
 }

@@ -16,9 +16,14 @@
 mod localhost_cert;
 #[path = "support/pod.rs"]
 mod pod;
+#[path = "support/scaler_load.rs"]
+mod scaler_load;
+#[path = "support/stats.rs"]
+mod stats;
 
+use scaler_load::request;
+use stats::{env_or, percentile};
 use std::{
-    collections::HashMap,
     net::SocketAddr,
     path::Path,
     process::{Child, Command, Stdio},
@@ -27,9 +32,7 @@ use std::{
 };
 
 use axum::{Router, http::header::CONTENT_TYPE, routing::get};
-use nightshift::scaler::service::proto::{
-    GetMetricsRequest, ScaledObjectRef, external_scaler_client::ExternalScalerClient,
-};
+use nightshift::scaler::service::proto::external_scaler_client::ExternalScalerClient;
 use nightshift::webhook::{
     certs,
     cluster::FixedCluster,
@@ -46,21 +49,6 @@ const CONNECTIONS: usize = 100;
 const SCALED_OBJECTS: usize = 1000;
 /// KEDA polls every 30 s by default; once a second is 30 times the default load.
 const POLL: Duration = Duration::from_secs(1);
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
-}
 
 /// Resident set size of the process whose `/proc` directory is `proc`, in MiB.
 fn rss_mib(proc: &Path) -> f64 {
@@ -267,6 +255,10 @@ async fn scaler(secs: u64, every: u64) {
             &format!("127.0.0.1:{port}"),
             "--admin-addr",
             "127.0.0.1:0",
+            // The Prometheus stand-in listens on loopback: allow exactly it, as a dev setup would.
+            "--scaler-allowed-prometheus",
+            &format!("http://{prom}"),
+            "--scaler-allow-loopback",
             "--log",
             "error",
         ])
@@ -335,22 +327,8 @@ async fn scaler(secs: u64, every: u64) {
 
 /// A Prometheus stand-in answering every query with a vector of two pods per model.
 async fn fake_prometheus() -> SocketAddr {
-    let items: Vec<String> = (0..SCALED_OBJECTS)
-        .flat_map(|m| {
-            (0..2).map(move |p| {
-                format!(
-                    r#"{{"metric":{{"namespace":"bench","model_name":"model-{m}","pod":"pod-{m}-{p}"}},"value":[1700000000.0,"0.5"]}}"#
-                )
-            })
-        })
-        .collect();
-    let answer: &'static str = Box::leak(
-        format!(
-            r#"{{"status":"success","data":{{"resultType":"vector","result":[{}]}}}}"#,
-            items.join(",")
-        )
-        .into_boxed_str(),
-    );
+    let answer: &'static str =
+        Box::leak(scaler_load::prometheus_answer(SCALED_OBJECTS).into_boxed_str());
     let app = Router::new().route(
         "/api/v1/query",
         get(move || async move { ([(CONTENT_TYPE, "application/json")], answer) }),
@@ -363,24 +341,4 @@ async fn fake_prometheus() -> SocketAddr {
         let _ = axum::serve(listener, app).await;
     });
     addr
-}
-
-fn request(prom: SocketAddr, i: usize) -> GetMetricsRequest {
-    let meta: HashMap<String, String> = [
-        ("serverAddress", format!("http://{prom}")),
-        ("model", format!("model-{i}")),
-        ("waitingTarget", "2".into()),
-        ("kvCacheTarget", "0.8".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    GetMetricsRequest {
-        scaled_object_ref: Some(ScaledObjectRef {
-            name: format!("so-{i}"),
-            namespace: "bench".into(),
-            scaler_metadata: meta,
-        }),
-        metric_name: "vllm-demand".into(),
-    }
 }

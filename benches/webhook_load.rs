@@ -19,7 +19,10 @@ mod cpu_time;
 mod localhost_cert;
 #[path = "support/pod.rs"]
 mod pod;
+#[path = "support/stats.rs"]
+mod stats;
 
+use stats::{env_or, percentile};
 use std::{
     sync::Arc,
     time::{Duration, Instant},
@@ -36,21 +39,6 @@ use tokio_util::sync::CancellationToken;
 
 /// Connections used by both load phases (the target scenario: 100 concurrent clients).
 const CONNECTIONS: usize = 100;
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
-}
 
 #[tokio::main]
 async fn main() {

@@ -1,0 +1,21 @@
+//! Small helpers the load benchmarks share: overrides from the environment, and percentiles of
+//! sorted latencies.
+
+use std::time::Duration;
+
+/// `name` parsed from the environment, or `default` when unset or unreadable.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The `p` percentile (0–1) of `sorted`; zero for no samples.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
