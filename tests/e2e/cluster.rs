@@ -81,9 +81,6 @@ struct Env {
     work: Option<TempDir>,
     logs: Option<TempDir>,
     log_dir: PathBuf,
-    /// How the API server was started, so that a scenario can restart it the same way (etcd
-    /// keeps the state).
-    apiserver: Mutex<Option<(PathBuf, Vec<String>)>>,
 }
 
 /// Finds the directory with the control-plane binaries: `NIGHTSHIFT_E2E_BIN_DIR`, else the cache
@@ -208,6 +205,19 @@ impl Env {
         Ok(())
     }
 
+    /// Runs `f` on the component called `name`.
+    fn with_process(&self, name: &str, f: impl FnOnce(&mut Process) -> Result<()>) -> Result<()> {
+        let mut procs = self
+            .procs
+            .lock()
+            .map_err(|_| anyhow::anyhow!("process list poisoned"))?;
+        let p = procs
+            .iter_mut()
+            .find(|p| p.name() == name)
+            .with_context(|| format!("no {name} process"))?;
+        f(p)
+    }
+
     /// Fails if any component process has exited.
     fn check_processes(&self) -> Result<()> {
         let mut procs = self
@@ -275,7 +285,6 @@ impl Cluster {
             work: Some(work),
             logs: Some(logs),
             log_dir: log_dir.clone(),
-            apiserver: Mutex::new(None),
         };
         let started = Instant::now();
         match boot(&env, &bin_dir, &dir).await {
@@ -421,47 +430,30 @@ impl Cluster {
         self.env.print_log_tails();
     }
 
-    /// Kills the API server (SIGKILL, as when its node dies); every client sees refused
-    /// connections until [`Cluster::start_apiserver`]. etcd keeps the state.
-    pub fn kill_apiserver(&self) -> Result<()> {
-        let mut procs = self
-            .env
-            .procs
-            .lock()
-            .map_err(|_| anyhow::anyhow!("process list poisoned"))?;
-        let p = procs
-            .iter_mut()
-            .find(|p| p.name() == "kube-apiserver")
-            .context("no kube-apiserver process")?;
-        p.kill();
-        Ok(())
+    /// Kills a component (SIGKILL, as when its node dies) until [`Cluster::restart_component`];
+    /// the API server's clients see refused connections, etcd keeps the state.
+    pub fn kill_component(&self, name: &str) -> Result<()> {
+        self.env.with_process(name, |p| {
+            p.kill();
+            Ok(())
+        })
     }
 
-    /// Starts the API server again with the flags, port and data of the first start (its log
-    /// continues in the same file) and waits until it is ready; returns how long that took.
+    /// Starts a component again with the flags, ports and data of its first start (its log
+    /// continues in the same file), in the same place of the stop order.
+    pub fn restart_component(&self, name: &str) -> Result<()> {
+        self.env.with_process(name, Process::restart)
+    }
+
+    /// Kills the API server: [`Cluster::kill_component`] of `kube-apiserver`.
+    pub fn kill_apiserver(&self) -> Result<()> {
+        self.kill_component("kube-apiserver")
+    }
+
+    /// Starts the API server again and waits until it is ready; returns how long that took.
     pub async fn start_apiserver(&self) -> Result<Duration> {
         let t = Instant::now();
-        let (bin, args) = self
-            .env
-            .apiserver
-            .lock()
-            .map_err(|_| anyhow::anyhow!("API server record poisoned"))?
-            .clone()
-            .context("the API server was never started")?;
-        let fresh = Process::spawn("kube-apiserver", &bin, &args, &self.env.log_dir)?;
-        {
-            let mut procs = self
-                .env
-                .procs
-                .lock()
-                .map_err(|_| anyhow::anyhow!("process list poisoned"))?;
-            // Same place in the list: the stop order (clients first, etcd last) stays.
-            let slot = procs
-                .iter_mut()
-                .find(|p| p.name() == "kube-apiserver")
-                .context("no kube-apiserver process")?;
-            *slot = fresh;
-        }
+        self.restart_component("kube-apiserver")?;
         wait_apiserver_ready(&self.env, &self.client).await?;
         Ok(t.elapsed())
     }
@@ -562,14 +554,18 @@ async fn boot(env: &Env, bin: &Path, dir: &Path) -> Result<(kube::Client, String
         s("--requestheader-extra-headers-prefix=X-Remote-Extra-"),
         format!("--proxy-client-cert-file={}", d("front-proxy.crt")),
         format!("--proxy-client-key-file={}", d("front-proxy.key")),
+        // Services reached by the API server itself (the external metrics APIService, a webhook
+        // registered through a Service) are dialled at an endpoint of their EndpointSlices, as in
+        // a cluster without a Service network on the control-plane host: there is no kube-proxy
+        // here to make a ClusterIP reachable.
+        s("--enable-aggregator-routing=true"),
         s("--v=1"),
     ];
-    let apiserver_bin = bin.join("kube-apiserver");
-    env.spawn("kube-apiserver", &apiserver_bin, &apiserver_args)?;
-    *env.apiserver
-        .lock()
-        .map_err(|_| anyhow::anyhow!("API server record poisoned"))? =
-        Some((apiserver_bin, apiserver_args));
+    env.spawn(
+        "kube-apiserver",
+        &bin.join("kube-apiserver"),
+        &apiserver_args,
+    )?;
 
     let client = client_from_kubeconfig(&kubeconfig).await?;
     wait_apiserver_ready(env, &client).await?;

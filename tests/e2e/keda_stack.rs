@@ -6,9 +6,9 @@
 //!
 //! One CA signs one certificate that serves and authenticates everything KEDA speaks: the
 //! operator's gRPC metrics service, the adapter's client to it (mTLS), and the adapter's HTTPS
-//! API. The APIService points at an `ExternalName` Service resolving to `localhost` (the API server
-//! refuses loopback EndpointSlices; with aggregator routing off it dials the external name), and
-//! its `caBundle` is that CA; the aggregator checks the certificate for
+//! API. The APIService names a Service without selector whose one EndpointSlice lists the adapter
+//! at this machine's own address (the API server routes to endpoints and refuses loopback ones),
+//! and its `caBundle` is that CA; the aggregator checks the certificate for
 //! `keda-metrics-apiserver.keda.svc`, which the certificate names.
 
 use std::path::{Path, PathBuf};
@@ -24,7 +24,8 @@ use rcgen::{
 };
 
 use crate::cluster::Cluster;
-use crate::process::free_port;
+use crate::endpoints::ServiceEndpoints;
+use crate::process::{free_port, free_port_on, host_ip};
 use crate::wait::{self, Check};
 
 /// Names the directory of `build-keda.sh`'s output (bin/ and crd/).
@@ -35,8 +36,13 @@ pub const KEDA_NS: &str = "keda";
 /// The external metrics API's group version and its APIService.
 const EXTERNAL_METRICS: &str = "external.metrics.k8s.io/v1beta1";
 const API_SERVICE: &str = "v1beta1.external.metrics.k8s.io";
-/// The Service the APIService names (an ExternalName to localhost).
+/// The Service the APIService names, and its port's name and number.
 const ADAPTER_SERVICE: &str = "keda-metrics-apiserver";
+const ADAPTER_PORT_NAME: &str = "https";
+const ADAPTER_SERVICE_PORT: u16 = 443;
+/// The adapter's process name, for [`Cluster::kill_component`] and
+/// [`Cluster::restart_component`].
+pub const ADAPTER: &str = "keda-adapter";
 
 /// The CRDs the operator watches; it fails to start without them.
 const CRDS: &[&str] = &[
@@ -179,7 +185,8 @@ impl Keda {
         })
         .await?;
 
-        let adapter_port = free_port()?;
+        let host = host_ip()?;
+        let adapter_port = free_port_on(host)?;
         let adapter_metrics_port = free_port()?;
         let grpc_port = free_port()?;
         let probe_port = free_port()?;
@@ -197,8 +204,9 @@ metadata:
   name: {ADAPTER_SERVICE}
   namespace: {KEDA_NS}
 spec:
-  type: ExternalName
-  externalName: localhost
+  ports:
+    - name: {ADAPTER_PORT_NAME}
+      port: {ADAPTER_SERVICE_PORT}
 ---
 apiVersion: apiregistration.k8s.io/v1
 kind: APIService
@@ -213,10 +221,13 @@ spec:
   service:
     name: {ADAPTER_SERVICE}
     namespace: {KEDA_NS}
-    port: {adapter_port}
+    port: {ADAPTER_SERVICE_PORT}
 "#
         );
         kubectl_ok(c, &["apply", "-f", "-"], Some(&registration))?;
+        ServiceEndpoints::new(&c.client, KEDA_NS, ADAPTER_SERVICE, ADAPTER_PORT_NAME)
+            .set("adapter", host, adapter_port, true)
+            .await?;
 
         let kubeconfig = c.kubeconfig.display().to_string();
         let cert_dir = certs.display().to_string();
@@ -262,14 +273,14 @@ spec:
         .await?;
 
         c.spawn_component(
-            "keda-adapter",
+            ADAPTER,
             &keda_dir.join("bin/keda-adapter"),
             &[
                 format!("--kubeconfig={kubeconfig}"),
                 format!("--lister-kubeconfig={kubeconfig}"),
                 format!("--authentication-kubeconfig={kubeconfig}"),
                 format!("--authorization-kubeconfig={kubeconfig}"),
-                "--bind-address=127.0.0.1".into(),
+                format!("--bind-address={host}"),
                 format!("--secure-port={adapter_port}"),
                 format!("--port={adapter_metrics_port}"),
                 // The client certificate for the operator's gRPC service (mTLS) is read from here.
@@ -301,7 +312,7 @@ spec:
         let started_in = t.elapsed();
         eprintln!(
             "e2e: KEDA operator and adapter ready in {:.1} s (operator gRPC {grpc}, adapter \
-             https://127.0.0.1:{adapter_port})",
+             https://{host}:{adapter_port})",
             started_in.as_secs_f64()
         );
         Ok(Self {
