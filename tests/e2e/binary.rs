@@ -91,15 +91,51 @@ impl Workspace {
     /// Renders `manifests/overlays/local` wrapped by a kustomization that points both webhooks
     /// at `https://127.0.0.1:<port>/mutate` and fills `caBundle` with this workspace's CA.
     pub fn render_local_overlay(&self, port: u16) -> Result<String> {
-        let wrap = self.dir.path().join("local");
+        let url = format!("https://127.0.0.1:{port}/mutate");
+        self.render_wrapped(
+            "local",
+            "../manifests/overlays/local",
+            &format!(
+                r#"  - target: {{kind: MutatingWebhookConfiguration, name: nightshift}}
+    patch: |-
+      - {{op: replace, path: /webhooks/0/clientConfig/url, value: "{url}"}}
+      - {{op: replace, path: /webhooks/1/clientConfig/url, value: "{url}"}}
+"#
+            ),
+        )
+    }
+
+    /// Renders `manifests/base` as production registers it (both webhooks called through the
+    /// `nightshift` Service), `caBundle` filled with this workspace's CA, without the objects
+    /// that only a real node runs (Deployment, PodDisruptionBudget, NetworkPolicy): the
+    /// instances run outside and the scenario lists them in the Service's EndpointSlices.
+    pub fn render_service_registration(&self) -> Result<String> {
+        let mut patches = String::new();
+        for (api_version, kind) in [
+            ("apps/v1", "Deployment"),
+            ("policy/v1", "PodDisruptionBudget"),
+            ("networking.k8s.io/v1", "NetworkPolicy"),
+        ] {
+            patches.push_str(&format!(
+                "  - patch: |-\n      $patch: delete\n      apiVersion: {api_version}\n      \
+                 kind: {kind}\n      metadata:\n        name: nightshift\n        \
+                 namespace: {NAMESPACE}\n"
+            ));
+        }
+        self.render_wrapped("service", "../manifests/base", &patches)
+    }
+
+    /// Renders `resource` wrapped by a kustomization in `<workspace>/<name>` that fills every
+    /// webhook's `caBundle` with this workspace's CA and applies `patches` (a YAML list body).
+    fn render_wrapped(&self, name: &str, resource: &str, patches: &str) -> Result<String> {
+        let wrap = self.dir.path().join(name);
         std::fs::create_dir_all(&wrap)?;
         std::fs::copy(self.certs().join("ca.crt"), wrap.join("ca.crt"))?;
-        let url = format!("https://127.0.0.1:{port}/mutate");
         // kustomize refuses absolute paths to other kustomizations: the path is relative.
         std::fs::write(
             wrap.join("kustomization.yaml"),
             format!(
-                r#"resources: ["../manifests/overlays/local"]
+                r#"resources: ["{resource}"]
 secretGenerator:
   - name: e2e-webhook-ca
     files: [ca.crt]
@@ -114,11 +150,7 @@ replacements:
         fieldPaths: ["webhooks.*.clientConfig.caBundle"]
         options: {{create: true}}
 patches:
-  - target: {{kind: MutatingWebhookConfiguration, name: nightshift}}
-    patch: |-
-      - {{op: replace, path: /webhooks/0/clientConfig/url, value: "{url}"}}
-      - {{op: replace, path: /webhooks/1/clientConfig/url, value: "{url}"}}
-"#
+{patches}"#
             ),
         )?;
         kustomize_build(&wrap)
@@ -147,7 +179,8 @@ impl Nightshift {
         Self::start_with(cluster, name, kubeconfig, certs, webhook_port, &[]).await
     }
 
-    /// [`Nightshift::start`] with `extra` options appended (a scenario's headroom, windows, ...).
+    /// [`Nightshift::start`] with `extra` options appended (a scenario's headroom, windows, ...);
+    /// an `--option=value` in `extra` replaces the default of that option.
     pub async fn start_with(
         cluster: &Cluster,
         name: &str,
@@ -175,6 +208,14 @@ impl Nightshift {
             // A SIGTERM'd nightshift should not hold the test for the production 20 s.
             "--drain-timeout=2s".into(),
         ];
+        // An option in `extra` replaces the default above (a second instance's identity, a
+        // webhook address other than loopback).
+        args.retain(|a| {
+            let Some((flag, _)) = a.split_once('=') else {
+                return true;
+            };
+            !extra.iter().any(|e| e.starts_with(&format!("{flag}=")))
+        });
         args.extend_from_slice(extra);
         let mut proc = Process::spawn_with_env(
             name,

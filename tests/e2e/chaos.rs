@@ -289,7 +289,7 @@ async fn wait_bound(c: &Cluster, n: usize) -> Result<()> {
 
 /// Waits until `/status` counts `lent` GPUs lent, is synced and leads, and every pool node's
 /// spare labels agree with the accounting `/status` shows for it.
-async fn converged(c: &Cluster, ns: &Nightshift, lent: u32, phase: &str) -> Result<()> {
+pub async fn converged(c: &Cluster, ns: &Nightshift, lent: u32, phase: &str) -> Result<()> {
     let admin = ns.admin_api();
     wait::until(
         &format!("marks and /status to converge {phase}"),
@@ -351,7 +351,7 @@ async fn wait_marks(c: &Cluster, ns: &mut Nightshift, n: usize, timeout: Duratio
     .await
 }
 
-async fn wait_leader(
+pub async fn wait_leader(
     c: &Cluster,
     ns: &mut Nightshift,
     value: f64,

@@ -10,8 +10,10 @@
 //! preempts research (counted by the pool controller; no inference victim; GPUs never
 //! over-committed). Load falls → HPA scales down → spare marks return → research binds again.
 //! Prometheus killed → nightshift answers errors (never zero) → KEDA's fallback → the Deployment
-//! goes to `fallback.replicas` → Prometheus back → normal scaling. nightshift killed → KEDA cannot
-//! read the metric spec, no fallback: the HPA holds its replicas.
+//! goes to `fallback.replicas` → Prometheus back → normal scaling. KEDA's metrics adapter killed →
+//! the HPA holds its replicas, nightshift keeps answering KEDA's operator → adapter back → the HPA
+//! reads the metric again. nightshift killed → KEDA cannot read the metric spec, no fallback: the
+//! HPA holds its replicas.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -28,6 +30,7 @@ use serde_json::{Value, json};
 use crate::admission::{self, deploy_with};
 use crate::binary::{self, SPARE};
 use crate::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE, POOL, POOL_LABEL};
+use crate::keda_stack::ADAPTER;
 use crate::objects::{self, is_bound, is_running};
 use crate::source::emulator::Emulator;
 use crate::source::{Prometheus, find_prometheus};
@@ -39,7 +42,7 @@ const RESEARCH_NS: &str = "e2e-loop-research";
 /// The example's names.
 const DEPLOYMENT: &str = "vllm-llama";
 const SCALED_OBJECT: &str = "vllm-llama";
-const MODEL: &str = "llama-3.1-70b";
+pub const MODEL: &str = "llama-3.1-70b";
 const INFERENCE_SELECTOR: &str = "app.kubernetes.io/name=vllm-llama";
 const RESEARCH_SELECTOR: &str = "role=research";
 /// The HPA KEDA creates for the ScaledObject, and the metric name it gives nightshift's metric
@@ -392,63 +395,54 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         t_back.elapsed().as_secs_f64()
     );
 
+    // KEDA's metrics adapter killed: the HPA cannot read the metric and holds its replicas;
+    // nightshift is unaffected (it still answers KEDA's operator) and the HPA resumes once the
+    // adapter is back.
+    let served_before = admin.metric("nightshift_scaler_requests_total").await?;
+    c.kill_component(ADAPTER)?;
+    let adapter_down = held_while_metric_fails(c, &hpas, &deployments).await?;
+    nightshift.check_running()?;
+    admin.get("/readyz").await?;
+    let served = admin.metric("nightshift_scaler_requests_total").await? - served_before;
+    ensure!(
+        served > 0.0,
+        "nightshift should keep answering KEDA's operator while the adapter is down"
+    );
+    let t_adapter = Instant::now();
+    c.restart_component(ADAPTER)?;
+    let value = wait::until(
+        "the external metric through the restarted adapter",
+        STEP,
+        || async {
+            Ok(match external_metric(c).await {
+                Ok(v) => Check::Done(v),
+                Err(e) => Check::Pending(format!("{e:#}")),
+            })
+        },
+    )
+    .await?;
+    let metric_back = t_adapter.elapsed();
+    ensure!(
+        value == LOW_LOAD / WAITING_TARGET * 100.0,
+        "the restarted adapter should serve nightshift's demand x 100: {value}"
+    );
+    wait_scaling_active(c, &hpas).await?;
+    eprintln!(
+        "loop: KEDA adapter killed: HPA ScalingActive=False ({}) after {:.2} s; held \
+         {LOW_REPLICAS} replicas over {} more failed syncs while nightshift answered {served} \
+         operator requests; adapter restarted: metric back in {:.2} s, HPA active again in \
+         {:.2} s",
+        adapter_down.reason,
+        adapter_down.failed_after.as_secs_f64(),
+        adapter_down.held_syncs,
+        metric_back.as_secs_f64(),
+        t_adapter.elapsed().as_secs_f64()
+    );
+
     // nightshift killed: KEDA cannot even read the metric spec, so it has nothing to fall back
     // on; the HPA cannot read the metric and holds its replicas.
-    let hpa_before = hpas.get(HPA).await?;
-    let last_scale = hpa_before
-        .status
-        .as_ref()
-        .and_then(|s| s.last_scale_time.clone());
     nightshift.kill();
-    let t_down = Instant::now();
-    let failed_get = wait::until(
-        "the HPA to fail reading the external metric",
-        STEP,
-        || async {
-            let h = hpas.get(HPA).await?;
-            let active = h
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .and_then(|cs| cs.iter().find(|c| c.type_ == "ScalingActive").cloned());
-            Ok(match active {
-                Some(a) if a.status == "False" => Check::Done(a.reason.unwrap_or_default()),
-                other => Check::Pending(format!("ScalingActive {other:?}")),
-            })
-        },
-    )
-    .await?;
-    let to_failed = t_down.elapsed();
-    // Several more HPA syncs, counted by the HPA's own warning events: each fails again, none
-    // changes anything.
-    let first = failed_metric_events(&client).await?;
-    let held = wait::until(
-        &format!("{HELD_SYNCS} more failed HPA syncs"),
-        STEP,
-        || async {
-            let r = replicas(&deployments).await?;
-            ensure!(
-                r == LOW_REPLICAS,
-                "the Deployment changed to {r} replicas while nightshift was down"
-            );
-            let n = failed_metric_events(&client).await?;
-            Ok(if n >= first + HELD_SYNCS as i32 {
-                Check::Done(n - first)
-            } else {
-                Check::Pending(format!("{} more failed syncs", n - first))
-            })
-        },
-    )
-    .await?;
-    let hpa_after = hpas.get(HPA).await?;
-    ensure!(
-        hpa_after
-            .status
-            .as_ref()
-            .and_then(|s| s.last_scale_time.clone())
-            == last_scale,
-        "the HPA scaled while nightshift was down"
-    );
+    let nightshift_down = held_while_metric_fails(c, &hpas, &deployments).await?;
     ensure!(
         scaler_failures(&client, "empty metric spec").await? > 0,
         "KEDA should report that it cannot read the metric spec: {:?}",
@@ -465,32 +459,65 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         "the external metrics API should fail while nightshift is down"
     );
     eprintln!(
-        "loop: nightshift killed: HPA ScalingActive=False ({failed_get}) after {:.2} s; held \
-         {LOW_REPLICAS} replicas over {held} more failed syncs, no fallback",
-        to_failed.as_secs_f64()
+        "loop: nightshift killed: HPA ScalingActive=False ({}) after {:.2} s; held \
+         {LOW_REPLICAS} replicas over {} more failed syncs, no fallback",
+        nightshift_down.reason,
+        nightshift_down.failed_after.as_secs_f64(),
+        nightshift_down.held_syncs
     );
     Ok(())
 }
 
-/// `manifests/examples/vllm/deployment.yaml` for this cluster: its namespace, and the kwok
-/// pool's name and taint instead of the example's `h100` pool and `nvidia.com/gpu` taint.
+/// `manifests/examples/vllm/deployment.yaml` for this cluster.
 fn example_deployment() -> Result<Value> {
-    let mut d = read_example("deployment.yaml")?;
-    d["metadata"]["namespace"] = json!(INFERENCE_NS);
+    adapt_deployment(read_example("deployment.yaml")?, INFERENCE_NS)
+}
+
+/// The example's Deployment for this cluster: namespace `namespace`, and the kwok pool's name
+/// and taint instead of the example's `h100` pool and `nvidia.com/gpu` taint.
+pub fn adapt_deployment(mut d: Value, namespace: &str) -> Result<Value> {
+    d["metadata"]["namespace"] = json!(namespace);
     let spec = &mut d["spec"]["template"]["spec"];
+    ensure!(
+        spec.is_object(),
+        "the example's Deployment has no pod template: {d}"
+    );
     spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] =
         json!([{"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": [POOL]}]}]);
     spec["tolerations"] = json!([objects::pool_toleration()]);
     Ok(d)
 }
 
-/// `manifests/examples/vllm/scaledobject.yaml` for this cluster: its namespace, nightshift's and
-/// Prometheus's addresses (the Prometheus source instead of scraping the Service's pods, which
-/// kwok does not run), and timings compressed from minutes to seconds.
+/// `manifests/examples/vllm/scaledobject.yaml` for this cluster, polled every
+/// [`POLLING_INTERVAL`].
 fn example_scaled_object(scaler: &str, prometheus: &str) -> Result<Value> {
-    let mut so = read_example("scaledobject.yaml")?;
-    so["metadata"]["namespace"] = json!(INFERENCE_NS);
+    let mut so = adapt_scaled_object(
+        read_example("scaledobject.yaml")?,
+        INFERENCE_NS,
+        scaler,
+        prometheus,
+    )?;
     so["spec"]["pollingInterval"] = json!(POLLING_INTERVAL);
+    ensure!(
+        so["spec"]["fallback"]["replicas"] == FALLBACK_REPLICAS
+            && so["spec"]["fallback"]["behavior"] == "currentReplicasIfHigher",
+        "the example's fallback changed: {}",
+        so["spec"]["fallback"]
+    );
+    Ok(so)
+}
+
+/// The example's ScaledObject for this cluster: namespace `namespace`, nightshift's and
+/// Prometheus's addresses (the Prometheus source instead of scraping the Service's pods, which
+/// kwok does not run), and the HPA's scale-down and policy periods compressed from minutes to
+/// seconds.
+pub fn adapt_scaled_object(
+    mut so: Value,
+    namespace: &str,
+    scaler: &str,
+    prometheus: &str,
+) -> Result<Value> {
+    so["metadata"]["namespace"] = json!(namespace);
     let meta = &mut so["spec"]["triggers"][0]["metadata"];
     meta["scalerAddress"] = json!(scaler);
     let m = meta
@@ -512,12 +539,6 @@ fn example_scaled_object(scaler: &str, prometheus: &str) -> Result<Value> {
             }
         }
     }
-    ensure!(
-        so["spec"]["fallback"]["replicas"] == FALLBACK_REPLICAS
-            && so["spec"]["fallback"]["behavior"] == "currentReplicasIfHigher",
-        "the example's fallback changed: {}",
-        so["spec"]["fallback"]
-    );
     Ok(so)
 }
 
@@ -528,7 +549,7 @@ fn read_example(file: &str) -> Result<Value> {
     serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
-fn scaled_object_resource() -> ApiResource {
+pub fn scaled_object_resource() -> ApiResource {
     ApiResource {
         group: "keda.sh".into(),
         version: "v1alpha1".into(),
@@ -539,7 +560,7 @@ fn scaled_object_resource() -> ApiResource {
 }
 
 /// Status and reason of a ScaledObject condition.
-fn condition(so: &DynamicObject, kind: &str) -> Option<(String, String)> {
+pub fn condition(so: &DynamicObject, kind: &str) -> Option<(String, String)> {
     so.data["status"]["conditions"]
         .as_array()?
         .iter()
@@ -671,7 +692,7 @@ async fn wait_spare_nodes(c: &Cluster, what: &str, f: impl Fn(usize) -> bool) ->
     .await
 }
 
-async fn replicas(deployments: &Api<Deployment>) -> Result<i32> {
+pub async fn replicas(deployments: &Api<Deployment>) -> Result<i32> {
     deployments
         .get(DEPLOYMENT)
         .await?
@@ -681,9 +702,9 @@ async fn replicas(deployments: &Api<Deployment>) -> Result<i32> {
 }
 
 /// Waits until the stored Deployment asks for `want` replicas.
-async fn wait_replicas(c: &Cluster, deployments: &Api<Deployment>, want: i32) -> Result<()> {
+pub async fn wait_replicas(c: &Cluster, deployments: &Api<Deployment>, want: i32) -> Result<()> {
     wait::until(
-        &format!("{INFERENCE_NS}/{DEPLOYMENT} spec.replicas = {want}"),
+        &format!("{DEPLOYMENT} spec.replicas = {want}"),
         STEP,
         || async {
             c.check_processes()?;
@@ -699,7 +720,7 @@ async fn wait_replicas(c: &Cluster, deployments: &Api<Deployment>, want: i32) ->
 }
 
 /// Waits until the HPA's last computed desired replicas is `want`.
-async fn wait_hpa_desired(
+pub async fn wait_hpa_desired(
     c: &Cluster,
     hpas: &Api<HorizontalPodAutoscaler>,
     want: i32,
@@ -715,6 +736,92 @@ async fn wait_hpa_desired(
                 "desiredReplicas {desired:?}, conditions {:?}",
                 h.status.and_then(|s| s.conditions)
             ))
+        })
+    })
+    .await
+}
+
+/// How the HPA behaved while its metric could not be read.
+struct Held {
+    /// The reason of its `ScalingActive=False` condition.
+    reason: String,
+    failed_after: Duration,
+    held_syncs: i32,
+}
+
+/// Right after a part of the metric path was killed: waits until the HPA reports that it cannot
+/// read the metric, then for [`HELD_SYNCS`] more failed syncs (counted by the HPA's own warning
+/// events), during which the Deployment must keep [`LOW_REPLICAS`] and the HPA must not scale.
+/// Does not check the environment's processes: one of them is down on purpose.
+async fn held_while_metric_fails(
+    c: &Cluster,
+    hpas: &Api<HorizontalPodAutoscaler>,
+    deployments: &Api<Deployment>,
+) -> Result<Held> {
+    let client = &c.client;
+    let last_scale = hpas.get(HPA).await?.status.and_then(|s| s.last_scale_time);
+    let t_down = Instant::now();
+    let reason = wait::until(
+        "the HPA to fail reading the external metric",
+        STEP,
+        || async {
+            Ok(match scaling_active(hpas).await? {
+                Some((status, reason)) if status == "False" => Check::Done(reason),
+                other => Check::Pending(format!("ScalingActive {other:?}")),
+            })
+        },
+    )
+    .await?;
+    let failed_after = t_down.elapsed();
+    let first = failed_metric_events(client).await?;
+    let held_syncs = wait::until(
+        &format!("{HELD_SYNCS} more failed HPA syncs"),
+        STEP,
+        || async {
+            let r = replicas(deployments).await?;
+            ensure!(
+                r == LOW_REPLICAS,
+                "the Deployment changed to {r} replicas while the metric could not be read"
+            );
+            let n = failed_metric_events(client).await?;
+            Ok(if n >= first + HELD_SYNCS as i32 {
+                Check::Done(n - first)
+            } else {
+                Check::Pending(format!("{} more failed syncs", n - first))
+            })
+        },
+    )
+    .await?;
+    let after = hpas.get(HPA).await?.status.and_then(|s| s.last_scale_time);
+    ensure!(
+        after == last_scale,
+        "the HPA scaled while the metric could not be read"
+    );
+    Ok(Held {
+        reason,
+        failed_after,
+        held_syncs,
+    })
+}
+
+/// Status and reason of the HPA's `ScalingActive` condition.
+async fn scaling_active(hpas: &Api<HorizontalPodAutoscaler>) -> Result<Option<(String, String)>> {
+    Ok(hpas
+        .get(HPA)
+        .await?
+        .status
+        .and_then(|s| s.conditions)
+        .and_then(|cs| cs.into_iter().find(|c| c.type_ == "ScalingActive"))
+        .map(|c| (c.status, c.reason.unwrap_or_default())))
+}
+
+/// Waits until the HPA reads its metric again (`ScalingActive=True`).
+async fn wait_scaling_active(c: &Cluster, hpas: &Api<HorizontalPodAutoscaler>) -> Result<()> {
+    wait::until("the HPA to read its metric again", STEP, || async {
+        c.check_processes()?;
+        Ok(match scaling_active(hpas).await? {
+            Some((status, _)) if status == "True" => Check::Done(()),
+            other => Check::Pending(format!("ScalingActive {other:?}")),
         })
     })
     .await

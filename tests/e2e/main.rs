@@ -15,10 +15,12 @@ mod admission;
 mod binary;
 mod chaos;
 mod cluster;
+mod endpoints;
 mod failure;
 mod gate;
 mod harvest;
 mod keda_loop;
+mod keda_push;
 mod keda_stack;
 mod objects;
 mod packing;
@@ -27,6 +29,7 @@ mod proxy;
 mod rbac;
 mod scrape;
 mod source;
+mod takeover;
 mod victims;
 mod wait;
 
@@ -81,11 +84,18 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
             "chaos_partitioned_nightshift_steps_down_and_takes_the_lease_back",
             |c| Box::pin(chaos::run_partition(c)),
         ),
+        (
+            "takeover_standby_takes_the_lease_and_the_webhook_service_keeps_admitting",
+            |c| Box::pin(takeover::run(c)),
+        ),
         // Last: the first scenario that needs KEDA starts it, and it then runs to the end.
         (
             "loop_keda_hpa_scale_inference_over_research_with_fallback",
             |c| Box::pin(keda_loop::run(c)),
         ),
+        ("keda_push_stream_wakes_a_service_scaled_to_zero", |c| {
+            Box::pin(keda_push::run(c))
+        }),
     ]
 }
 
