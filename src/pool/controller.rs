@@ -23,6 +23,7 @@ use super::{
     accounting::{DisruptionRecord, Ledger, NodeFacts, PodFacts, node_facts, pod_facts},
     history::{History, Sample},
     marks::{self, LabelPatch, Plan, Verdict},
+    pending::{self, Repeats},
     status::age,
     status::{NamespaceStatus, NodeStatus, ResearchPod, StatusReport},
     windows::Windows,
@@ -217,6 +218,8 @@ pub struct Controller {
     history: History,
     /// Events for research pods, to publish (leader only), oldest first.
     notices: Vec<PodNotice>,
+    /// The reason last told to each waiting research pod, and when.
+    waiting: Repeats,
 }
 
 /// Most notices kept for publishing: the publisher drains them every reconcile pass, so this
@@ -231,10 +234,10 @@ pub struct PodNotice {
     pub name: String,
     /// The pod's UID (`kubectl describe` matches events by it).
     pub uid: Option<String>,
-    /// `Preempted` (by the scheduler), `Disrupted` (evicted, deleted by a controller) or `Lent`
-    /// (bound to spare GPUs).
+    /// `Preempted` (by the scheduler), `Disrupted` (evicted, deleted by a controller), `Lent`
+    /// (bound to spare GPUs) or why it waits ([`pending::Reason::event_reason`]).
     pub reason: &'static str,
-    /// `Preempt`, `Disrupt` or `Bind`.
+    /// `Preempt`, `Disrupt`, `Bind` or `Wait`.
     pub action: &'static str,
     /// A warning (work was lost) rather than a normal event.
     pub warning: bool,
@@ -257,6 +260,19 @@ impl PodNotice {
                  not need them; the pod is preempted when it does",
                 if gpus == 1 { "" } else { "s" }
             ),
+        }
+    }
+
+    /// The notice for a research pod waiting for spare GPUs, saying why.
+    pub fn waiting(pod: &PodFacts, why: &pending::Reason) -> Self {
+        Self {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: (!pod.key.contains('/')).then(|| pod.key.clone()),
+            reason: why.event_reason(),
+            action: "Wait",
+            warning: why.warning(),
+            note: why.note(),
         }
     }
 
@@ -321,6 +337,7 @@ impl Controller {
             metrics,
             history: History::new(),
             notices: Vec::new(),
+            waiting: Repeats::default(),
         }
     }
 
@@ -555,6 +572,7 @@ impl Controller {
         if !self.leader || !self.synced() {
             return Vec::new();
         }
+        self.tell_waiting(now);
         let mut patches = marks::diff(&self.ledger, &self.plan);
         patches.extend(self.orphans.iter().map(|n| LabelPatch {
             node: n.clone(),
@@ -564,6 +582,31 @@ impl Controller {
             self.metrics.last_reconcile.set(now.as_second());
         }
         patches
+    }
+
+    /// Queues a notice for each research pod waiting for spare GPUs whose reason is due to be
+    /// told (see [`Repeats`]), from this pass's plan; forgets pods that no longer wait.
+    fn tell_waiting(&mut self, now: Timestamp) {
+        let snapshot = pending::Snapshot::of(
+            &self.plan,
+            self.lending_open,
+            &self.policy.windows,
+            self.policy.headroom,
+            now,
+        );
+        let mut still_waiting = BTreeSet::new();
+        for pod in self.ledger.pods() {
+            let Some(why) = pending::reason(&snapshot, pod) else {
+                continue;
+            };
+            still_waiting.insert(pod.key.as_str());
+            if self.notices.len() < MAX_NOTICES
+                && self.waiting.tell(&pod.key, &why, now.as_second())
+            {
+                self.notices.push(PodNotice::waiting(pod, &why));
+            }
+        }
+        self.waiting.retain(|k| still_waiting.contains(k));
     }
 
     /// GPUs by use now, from the last plan: free GPUs of headroom nodes are held back.
@@ -1109,6 +1152,48 @@ mod tests {
             c.take_notices().is_empty(),
             "inference, GPU-less and off-pool pods are not lent GPUs"
         );
+    }
+
+    #[test]
+    fn the_leader_tells_a_waiting_research_pod_why_once_per_reason() {
+        let full = pod("inf", "vllm").on("a").gpus(8);
+        let queued = pod("team-a", "sft").unbound().gpus(2).research();
+        let mut c = loaded(
+            0,
+            vec![node("a", 8).build()],
+            vec![full.build(), queued.build()],
+        );
+        let t0 = now();
+        let i0 = tokio::time::Instant::now();
+        c.reconcile(t0, i0);
+        assert!(c.take_notices().is_empty(), "a standby tells nothing");
+        c.set_leader(true);
+        c.reconcile(t0, i0);
+        let notices = c.take_notices();
+        assert_eq!(notices.len(), 1, "{notices:?}");
+        let n = &notices[0];
+        assert_eq!(
+            (n.name.as_str(), n.reason, n.action),
+            ("sft", "NoSpareGPUs", "Wait")
+        );
+        assert!(
+            n.note
+                .contains("every lendable GPU is in use (8 by inference"),
+            "{}",
+            n.note
+        );
+        assert_eq!(n.uid.as_deref(), Some("uid-team-a-sft"));
+        for s in 1..10 {
+            c.reconcile(
+                t0 + jiff::SignedDuration::from_secs(s),
+                i0 + Duration::from_secs(s as u64),
+            );
+        }
+        assert!(c.take_notices().is_empty(), "not one event per pass");
+        // Inference scales down: the pod fits, nothing to tell; the scheduler places it.
+        c.on_pod_event(watcher::Event::Delete(full.build()), t0);
+        c.reconcile(t0 + jiff::SignedDuration::from_secs(60), i0);
+        assert!(c.take_notices().is_empty());
     }
 
     #[test]
