@@ -69,6 +69,7 @@ pub struct Metrics {
     gpus: Family<StateLabel, Gauge>,
     spare_nodes: Gauge,
     spare_gpus: Gauge,
+    headroom_gpus: Gauge,
     preemptions: Family<ReasonLabel, Counter>,
     disrupted_runtime: Histogram,
     lent_gpu_seconds: Counter<f64, AtomicU64>,
@@ -87,6 +88,7 @@ impl Default for Metrics {
             gpus: Family::default(),
             spare_nodes: Gauge::default(),
             spare_gpus: Gauge::default(),
+            headroom_gpus: Gauge::default(),
             preemptions: Family::default(),
             // Research steps run minutes to days: 1 min … ~11 days, ×4 per bucket.
             disrupted_runtime: Histogram::new(
@@ -121,6 +123,11 @@ impl Metrics {
             "pool_spare_gpus",
             "Free GPUs on nodes marked spare",
             self.spare_gpus.clone(),
+        );
+        registry.register(
+            "pool_headroom_gpus",
+            "Free GPUs held back for inference bursts on headroom nodes (part of the free GPUs)",
+            self.headroom_gpus.clone(),
         );
         registry.register(
             "pool_preemptions",
@@ -565,6 +572,9 @@ impl Controller {
         self.metrics
             .spare_gpus
             .set(i64::try_from(self.plan.spare_gpus()).unwrap_or(i64::MAX));
+        self.metrics
+            .headroom_gpus
+            .set(i64::try_from(self.plan.reserved_gpus).unwrap_or(i64::MAX));
         self.metrics.lending_open.set(i64::from(self.lending_open));
         if self.synced() {
             self.history.record(self.sample(now));
@@ -626,6 +636,11 @@ impl Controller {
             }
         }
         s
+    }
+
+    /// Adds samples from before the oldest one kept (a history rebuilt after a restart).
+    pub fn backfill_history(&mut self, older: &[Sample]) -> usize {
+        self.history.backfill(older)
     }
 
     /// Records a sample directly (tests and benchmarks fill a week without waiting for it).
@@ -1161,7 +1176,7 @@ mod tests {
         let mut c = loaded(
             0,
             vec![node("a", 8).build()],
-            vec![full.build(), queued.build()],
+            vec![full.clone().build(), queued.build()],
         );
         let t0 = now();
         let i0 = tokio::time::Instant::now();

@@ -16,7 +16,8 @@ use nightshift::{
         history::Sample,
         windows::Windows,
     },
-    view::{self, page::View},
+    scaler::explain::Explanation,
+    view::{self, ViewState, page::View},
     vocabulary::Vocabulary,
 };
 use tower::ServiceExt;
@@ -27,7 +28,44 @@ use tower::ServiceExt;
 /// team-a has one pod waiting.
 /// A day of samples, a minute apart, fills the charts.
 pub fn controller() -> Arc<Mutex<Controller>> {
+    controller_at(Timestamp::now())
+}
+
+/// The scaler's decision for inference/llama at `at`: demand 2.5 replicas, read from 3 pods.
+fn decision(at: Timestamp) -> Explanation {
+    Explanation {
+        namespace: "inference".into(),
+        name: "llama".into(),
+        at: at.to_string(),
+        source: "pods of service llama-vllm".into(),
+        pods: Some(3),
+        terms: Vec::new(),
+        driver: Some("waiting".into()),
+        replicas: Some(2.5),
+        metric_value: Some(250.0),
+        active: Some(true),
+        activation_threshold: 0.0,
+        error: None,
+    }
+}
+
+/// The fixture pool with a view over it, whose history started a day ago, and the scaler's
+/// decisions for inference/llama sampled each minute of the last three hours (demand 2.5
+/// replicas, 3 serving).
+pub fn state() -> ViewState {
     let now = Timestamp::now();
+    let day = jiff::SignedDuration::from_hours(24);
+    let state = ViewState::new(controller_at(now), now.checked_sub(day).expect("ts"));
+    for m in (0..180).rev() {
+        let at = now
+            .checked_sub(jiff::SignedDuration::from_mins(m))
+            .expect("ts");
+        state.sample(&[decision(at)], at);
+    }
+    state
+}
+
+fn controller_at(now: Timestamp) -> Arc<Mutex<Controller>> {
     let mut c = Controller::new(
         LendingPolicy {
             vocabulary: Vocabulary::default(),
@@ -86,7 +124,7 @@ pub fn controller() -> Arc<Mutex<Controller>> {
 }
 
 async fn get(path: &str) -> (u16, String, String) {
-    let response = view::router(controller())
+    let response = view::router(state())
         .oneshot(Request::get(path).body(Body::empty()).expect("request"))
         .await
         .expect("response");
@@ -125,6 +163,9 @@ async fn the_page_shows_the_pool_research_and_preemptions_of_the_fixture() {
         "2h0m",
         "Last 24 hours",
         "holds 1441 samples since",
+        "History since restart at",
+        "data-service=\"inference/llama\"",
+        "demand <span class=\"demand\">2.5</span>, replicas <span class=\"replicas\">3.0</span>",
     ] {
         assert!(html.contains(expected), "{expected} missing in the page");
     }
@@ -165,6 +206,18 @@ async fn the_json_holds_the_same_figures_for_scripts() {
     assert_eq!(v.preemptions.len(), 1);
     assert_eq!(v.charts.day.len(), 289, "24 h of 5-minute points and now");
     assert!(v.charts.week.len() >= 24);
+    let llama = &v.charts.services[0];
+    assert_eq!(
+        (llama.namespace.as_str(), llama.name.as_str()),
+        ("inference", "llama")
+    );
+    assert!((3..=4).contains(&llama.week.len()), "3 h of hourly means");
+    assert!(
+        llama
+            .week
+            .iter()
+            .all(|p| (p.demand, p.replicas) == (2.5, 3.0))
+    );
 }
 
 #[tokio::test]
