@@ -3,6 +3,7 @@
 //! HTTP, and in a real headless Chromium ([`browser`]).
 
 mod browser;
+mod prometheus;
 
 use std::sync::{Arc, Mutex};
 
@@ -31,18 +32,19 @@ pub fn controller() -> Arc<Mutex<Controller>> {
     controller_at(Timestamp::now())
 }
 
-/// The scaler's decision for inference/llama at `at`: demand 2.5 replicas, read from 3 pods.
-fn decision(at: Timestamp) -> Explanation {
+/// The scaler's decision for inference/llama at `at`: `demand` replicas, read from as many
+/// pods as it rounds up to.
+fn decision(at: Timestamp, demand: f64) -> Explanation {
     Explanation {
         namespace: "inference".into(),
         name: "llama".into(),
         at: at.to_string(),
         source: "pods of service llama-vllm".into(),
-        pods: Some(3),
+        pods: Some(demand.ceil() as usize),
         terms: Vec::new(),
         driver: Some("waiting".into()),
-        replicas: Some(2.5),
-        metric_value: Some(250.0),
+        replicas: Some(demand),
+        metric_value: Some(demand * 100.0),
         active: Some(true),
         activation_threshold: 0.0,
         error: None,
@@ -50,17 +52,18 @@ fn decision(at: Timestamp) -> Explanation {
 }
 
 /// The fixture pool with a view over it, whose history started a day ago, and the scaler's
-/// decisions for inference/llama sampled each minute of the last three hours (demand 2.5
-/// replicas, 3 serving).
+/// decisions for inference/llama sampled every 5 minutes over the last day: demand swings
+/// around 2.5 replicas (1 to 4) with the replicas following it; now it is 2.5 with 3 serving.
 pub fn state() -> ViewState {
     let now = Timestamp::now();
     let day = jiff::SignedDuration::from_hours(24);
     let state = ViewState::new(controller_at(now), now.checked_sub(day).expect("ts"));
-    for m in (0..180).rev() {
+    for m in (0..24 * 60 / 5).rev() {
         let at = now
-            .checked_sub(jiff::SignedDuration::from_mins(m))
+            .checked_sub(jiff::SignedDuration::from_mins(m * 5))
             .expect("ts");
-        state.sample(&[decision(at)], at);
+        let demand = 2.5 + 1.5 * (m as f64 * 5.0 / 1440.0 * std::f64::consts::TAU).sin();
+        state.sample(&[decision(at, demand)], at);
     }
     state
 }
@@ -211,13 +214,13 @@ async fn the_json_holds_the_same_figures_for_scripts() {
         (llama.namespace.as_str(), llama.name.as_str()),
         ("inference", "llama")
     );
-    assert!((3..=4).contains(&llama.week.len()), "3 h of hourly means");
     assert!(
-        llama
-            .week
-            .iter()
-            .all(|p| (p.demand, p.replicas) == (2.5, 3.0))
+        (24..=25).contains(&llama.week.len()),
+        "a day of hourly means"
     );
+    let latest = llama.latest.expect("latest");
+    assert_eq!((latest.demand, latest.replicas), (2.5, 3.0));
+    assert!(llama.week.iter().all(|p| (1.0..=4.0).contains(&p.demand)));
 }
 
 #[tokio::test]
