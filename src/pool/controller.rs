@@ -23,8 +23,8 @@ use super::{
     accounting::{DisruptionRecord, Ledger, NodeFacts, PodFacts, node_facts, pod_facts},
     history::{History, Sample},
     marks::{self, LabelPatch, Plan, Verdict},
+    notices::{Digests, OwnerNotice, PodNotice},
     pending::{self, Repeats},
-    status::age,
     status::{NamespaceStatus, NodeStatus, ResearchPod, StatusReport},
     windows::Windows,
 };
@@ -227,103 +227,25 @@ pub struct Controller {
     notices: Vec<PodNotice>,
     /// The reason last told to each waiting research pod, and when.
     waiting: Repeats,
+    /// The pods' Events gathered for their Jobs and Workflows.
+    owners: Digests,
+    /// Events for the owners of research pods, to publish (leader only).
+    owner_notices: Vec<OwnerNotice>,
 }
 
 /// Most notices kept for publishing: the publisher drains them every reconcile pass, so this
 /// bounds memory only while the API server is unreachable (a burst of preemptions is 64 pods or
-/// so; a thousand covers many of them).
+/// so; a thousand covers many of them). Owners' notices are bounded the same way.
 pub const MAX_NOTICES: usize = 1000;
 
-/// A Kubernetes Event to publish on a research pod, decided here and sent by [`super::run`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodNotice {
-    pub namespace: String,
-    pub name: String,
-    /// The pod's UID (`kubectl describe` matches events by it).
-    pub uid: Option<String>,
-    /// `Preempted` (by the scheduler), `Disrupted` (evicted, deleted by a controller), `Lent`
-    /// (bound to spare GPUs) or why it waits ([`pending::Reason::event_reason`]).
-    pub reason: &'static str,
-    /// `Preempt`, `Disrupt`, `Bind` or `Wait`.
-    pub action: &'static str,
-    /// A warning (work was lost) rather than a normal event.
-    pub warning: bool,
-    /// The human sentence.
-    pub note: String,
-}
-
-impl PodNotice {
-    /// The notice for a research pod just bound to `gpus` GPUs of pool node `node`.
-    pub fn lent(pod: &PodFacts, node: &str, gpus: u64) -> Self {
-        Self {
-            namespace: pod.namespace.clone(),
-            name: pod.name.clone(),
-            uid: (!pod.key.contains('/')).then(|| pod.key.clone()),
-            reason: "Lent",
-            action: "Bind",
-            warning: false,
-            note: format!(
-                "Bound to {gpus} spare GPU{} of inference node {node}, lent while inference does \
-                 not need them; the pod is preempted when it does",
-                if gpus == 1 { "" } else { "s" }
-            ),
-        }
+/// Queues a pod's notice (unless [`MAX_NOTICES`] wait already) and adds it to its owner's next
+/// Event. A free function so that the controller can queue while it reads its ledger.
+fn queue(notices: &mut Vec<PodNotice>, owners: &mut Digests, n: PodNotice, now: i64) {
+    if notices.len() >= MAX_NOTICES {
+        return;
     }
-
-    /// The notice for a research pod waiting for spare GPUs, saying why.
-    pub fn waiting(pod: &PodFacts, why: &pending::Reason) -> Self {
-        Self {
-            namespace: pod.namespace.clone(),
-            name: pod.name.clone(),
-            uid: (!pod.key.contains('/')).then(|| pod.key.clone()),
-            reason: why.event_reason(),
-            action: "Wait",
-            warning: why.warning(),
-            note: why.note(),
-        }
-    }
-
-    /// The notice for a disrupted research pod: where, after how long, the work lost.
-    pub fn disrupted(r: &DisruptionRecord) -> Self {
-        let preempted = r.reason == "PreemptionByScheduler";
-        let (reason, action, verb) = if preempted {
-            (
-                "Preempted",
-                "Preempt",
-                "Preempted by the scheduler for inference",
-            )
-        } else {
-            ("Disrupted", "Disrupt", "Disrupted")
-        };
-        let node = r.node.as_deref().unwrap_or("no node");
-        let ran = r.ran_seconds.map_or_else(
-            || "before it started".to_string(),
-            |s| format!("after running {}", age(s)),
-        );
-        let lost = r.lost_gpu_seconds.filter(|s| *s > 0).map_or_else(
-            || "no work lost".to_string(),
-            |s| {
-                format!(
-                    "about {} GPU-minutes of work lost since its last checkpoint or start",
-                    s.div_ceil(60)
-                )
-            },
-        );
-        Self {
-            namespace: r.namespace.clone(),
-            name: r.name.clone(),
-            uid: r.uid.clone(),
-            reason,
-            action,
-            warning: true,
-            note: format!(
-                "{verb} ({}) on node {node} {ran}, holding {} GPU{}; {lost}",
-                r.reason,
-                r.gpus,
-                if r.gpus == 1 { "" } else { "s" }
-            ),
-        }
-    }
+    owners.add(&n, now);
+    notices.push(n);
 }
 
 impl Controller {
@@ -345,6 +267,8 @@ impl Controller {
             history: History::new(),
             notices: Vec::new(),
             waiting: Repeats::default(),
+            owners: Digests::default(),
+            owner_notices: Vec::new(),
         }
     }
 
@@ -365,9 +289,14 @@ impl Controller {
         &self.history
     }
 
-    /// Takes the events waiting to be published.
+    /// Takes the events waiting to be published on pods.
     pub fn take_notices(&mut self) -> Vec<PodNotice> {
         std::mem::take(&mut self.notices)
+    }
+
+    /// Takes the events waiting to be published on the pods' Jobs and Workflows.
+    pub fn take_owner_notices(&mut self) -> Vec<OwnerNotice> {
+        std::mem::take(&mut self.owner_notices)
     }
 
     /// Whether both watches have listed everything once.
@@ -440,7 +369,7 @@ impl Controller {
             watcher::Event::Apply(pod) => {
                 let facts = pod_facts(&pod, resource);
                 if let Some(n) = self.newly_lent(&facts) {
-                    self.notices.push(n);
+                    queue(&mut self.notices, &mut self.owners, n, now.as_second());
                 }
                 self.ledger.apply_pod(facts, now).into_iter().collect()
             }
@@ -464,7 +393,7 @@ impl Controller {
             }
         };
         for r in records {
-            self.record_disruption(r);
+            self.record_disruption(r, now);
         }
     }
 
@@ -472,7 +401,7 @@ impl Controller {
     #[cfg(any(test, feature = "test-support"))]
     pub fn apply_pod_facts(&mut self, pod: super::accounting::PodFacts, now: Timestamp) {
         if let Some(r) = self.ledger.apply_pod(pod, now) {
-            self.record_disruption(r);
+            self.record_disruption(r, now);
         }
     }
 
@@ -495,7 +424,7 @@ impl Controller {
         (!was_bound).then(|| PodNotice::lent(pod, node, gpus))
     }
 
-    fn record_disruption(&mut self, r: DisruptionRecord) {
+    fn record_disruption(&mut self, r: DisruptionRecord, now: Timestamp) {
         tracing::info!(
             namespace = %r.namespace,
             pod = %r.name,
@@ -531,8 +460,9 @@ impl Controller {
         ns.lost_gpu_seconds += lost;
         // One replica tells the pod's owners; a standby that takes over later does not repeat
         // what the old leader published.
-        if self.leader && self.notices.len() < MAX_NOTICES {
-            self.notices.push(PodNotice::disrupted(&r));
+        if self.leader {
+            let n = PodNotice::disrupted(&r);
+            queue(&mut self.notices, &mut self.owners, n, now.as_second());
         }
         if self.recent.len() == RECENT_DISRUPTIONS {
             self.recent.pop_front();
@@ -542,6 +472,10 @@ impl Controller {
 
     /// Sets whether this replica leads (writes marks).
     pub fn set_leader(&mut self, leader: bool) {
+        if !leader {
+            // What was gathered for owners is the new leader's to tell, not ours.
+            self.owners.clear();
+        }
         self.leader = leader;
         self.metrics.leader.set(i64::from(leader));
     }
@@ -583,6 +517,11 @@ impl Controller {
             return Vec::new();
         }
         self.tell_waiting(now);
+        for n in self.owners.due(now.as_second()) {
+            if self.owner_notices.len() < MAX_NOTICES {
+                self.owner_notices.push(n);
+            }
+        }
         let mut patches = marks::diff(&self.ledger, &self.plan);
         patches.extend(self.orphans.iter().map(|n| LabelPatch {
             node: n.clone(),
@@ -613,7 +552,8 @@ impl Controller {
             if self.notices.len() < MAX_NOTICES
                 && self.waiting.tell(&pod.key, &why, now.as_second())
             {
-                self.notices.push(PodNotice::waiting(pod, &why));
+                let n = PodNotice::waiting(pod, &why);
+                queue(&mut self.notices, &mut self.owners, n, now.as_second());
             }
         }
         self.waiting.retain(|k| still_waiting.contains(k));
@@ -791,6 +731,7 @@ mod tests {
     use crate::pool::{
         fixtures::{node, pod},
         marks::Verdict,
+        notices,
     };
     use crate::vocabulary::CHECKPOINTED_AT_ANNOTATION;
     use kube::runtime::reflector::store;
@@ -1130,6 +1071,86 @@ mod tests {
              checkpoint or start"
         );
         assert!(c.take_notices().is_empty(), "taken once");
+    }
+
+    #[test]
+    fn the_leader_tells_a_jobs_events_on_the_job_once_per_burst() {
+        let mut c = loaded(0, vec![node("a", 8).build()], vec![]);
+        let t0 = now();
+        let i0 = tokio::time::Instant::now();
+        let member = |name: &str| {
+            pod("team-a", name)
+                .on("a")
+                .gpus(1)
+                .research()
+                .started(t0)
+                .owned_by("batch/v1", "Job", "sft")
+        };
+        c.on_pod_event(watcher::Event::Apply(member("sft-0").build()), t0);
+        c.reconcile(t0 + jiff::SignedDuration::from_secs(notices::GATHER), i0);
+        assert!(
+            c.take_owner_notices().is_empty(),
+            "a standby tells no owner"
+        );
+        c.set_leader(true);
+        for i in 1..4 {
+            c.on_pod_event(
+                watcher::Event::Apply(member(&format!("sft-{i}")).build()),
+                t0,
+            );
+        }
+        c.on_pod_event(
+            watcher::Event::Apply(pod("team-a", "alone").on("a").gpus(1).research().build()),
+            t0,
+        );
+        assert_eq!(c.take_notices().len(), 4, "each pod is told at once");
+        c.reconcile(t0, i0);
+        assert!(c.take_owner_notices().is_empty(), "gathering the burst");
+        c.reconcile(t0 + jiff::SignedDuration::from_secs(notices::GATHER), i0);
+        let told = c.take_owner_notices();
+        assert_eq!(
+            told.len(),
+            1,
+            "one Event for the Job, none for the lone pod"
+        );
+        let n = &told[0];
+        assert_eq!((n.owner.name.as_str(), n.reason), ("sft", "Lent"));
+        assert!(
+            n.note.starts_with("3 pods of this Job bound to spare GPUs")
+                && n.note.contains("sft-1 (1 GPU of a)"),
+            "{}",
+            n.note
+        );
+        // The scheduler preempts two of them: one more Event on the Job, naming both.
+        let later = t0 + jiff::SignedDuration::from_secs(60);
+        for name in ["sft-1", "sft-2"] {
+            c.on_pod_event(
+                watcher::Event::Apply(
+                    member(name)
+                        .disrupted("PreemptionByScheduler", later)
+                        .build(),
+                ),
+                later,
+            );
+        }
+        c.reconcile(later + jiff::SignedDuration::from_secs(notices::GATHER), i0);
+        let told = c.take_owner_notices();
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert_eq!((told[0].reason, told[0].warning), ("Preempted", true));
+        assert!(
+            told[0]
+                .note
+                .starts_with("2 pods of this Job preempted by the scheduler"),
+            "{}",
+            told[0].note
+        );
+        c.set_leader(false);
+        c.on_pod_event(watcher::Event::Apply(member("sft-9").build()), later);
+        c.reconcile(later + jiff::SignedDuration::from_secs(3600), i0);
+        assert!(
+            c.take_owner_notices().is_empty(),
+            "a former leader tells nothing"
+        );
     }
 
     #[test]

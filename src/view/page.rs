@@ -895,6 +895,7 @@ mod tests {
                 at: now(),
                 lost_gpu_seconds: Some(1800),
                 uid: Some("u1".into()),
+                owner: None,
             }],
         }
     }
