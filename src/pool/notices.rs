@@ -116,8 +116,8 @@ impl PodNotice {
             "no work lost".to_string()
         } else {
             format!(
-                "about {lost_gpu_minutes} GPU-minutes of work lost since its last checkpoint or \
-                 start"
+                "about {} of work lost since its last checkpoint or start",
+                plural(lost_gpu_minutes, "GPU-minute", "GPU-minutes")
             )
         };
         Self {
@@ -233,7 +233,10 @@ impl Bucket {
         }
         let lost = match self.lost_gpu_minutes {
             0 => "no work lost".to_string(),
-            m => format!("about {m} GPU-minutes of work lost"),
+            m => format!(
+                "about {} of work lost",
+                plural(m, "GPU-minute", "GPU-minutes")
+            ),
         };
         let note = match self.headline {
             Headline::Lent => format!(
@@ -285,7 +288,10 @@ fn brief(pod: &str, detail: &Detail) -> String {
             );
             match lost_gpu_minutes {
                 0 => format!("{pod} on {node} {ran}"),
-                m => format!("{pod} on {node} {ran}, {m} GPU-minutes lost"),
+                m => format!(
+                    "{pod} on {node} {ran}, {} lost",
+                    plural(*m, "GPU-minute", "GPU-minutes")
+                ),
             }
         }
         Detail::Waiting => pod.to_string(),
@@ -497,6 +503,18 @@ mod tests {
              gpu-17 after running 2h14m, 52 GPU-minutes lost, sft-2 on gpu-17 after running \
              2h14m, 52 GPU-minutes lost, sft-3 on gpu-17 after running 2h14m, 52 GPU-minutes \
              lost, sft-4 on gpu-17 after running 2h14m, 52 GPU-minutes lost and 3 more"
+        );
+    }
+
+    #[test]
+    fn one_gpu_minute_is_singular() {
+        let sft = job("sft");
+        let mut d = Digests::default();
+        d.add(&preempted("sft-0", &sft, 1), 0);
+        assert_eq!(
+            d.due(GATHER)[0].note,
+            "1 pod of this Job preempted by the scheduler for inference, about 1 GPU-minute of \
+             work lost: sft-0 on gpu-17 after running 2h14m, 1 GPU-minute lost"
         );
     }
 
