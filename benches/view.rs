@@ -1,5 +1,6 @@
 //! The researchers' view at the target size: 1,000 nodes × 8 GPUs, 20,000 pods, research in 50
-//! namespaces, 100 recent preemptions and a full week of history (10,080 samples).
+//! namespaces, 100 recent preemptions, a full week of history (10,080 samples) and a week of
+//! demand and replicas for 50 inference services.
 //!
 //! `cargo bench --bench view -- --warm-up-time 1 --measurement-time 3`
 //! Targets: page ≤ 5 ms, JSON ≤ 2 ms (from the view data); building the view data from the
@@ -17,7 +18,10 @@ use nightshift::{
         history::{CAPACITY, SAMPLE_SECONDS, Sample},
         windows::Windows,
     },
-    view::page,
+    view::{
+        page::{self, HistoryOrigin, Timeline},
+        services::{POINTS, STEP, ServiceKey, Services},
+    },
     vocabulary::Vocabulary,
 };
 
@@ -26,6 +30,7 @@ const GPUS_PER_NODE: u64 = 8;
 const PODS: usize = 20_000;
 const NAMESPACES: usize = 50;
 const PREEMPTED: usize = 100;
+const SERVICES: usize = 50;
 
 fn node_name(i: usize) -> String {
     format!("gpu-node-{i:04}.pool.example.internal")
@@ -99,20 +104,51 @@ fn loaded() -> Controller {
     c
 }
 
+/// A full week of 5-minute points for each of [`SERVICES`] services, demand following a day.
+fn services(now: Timestamp) -> Services {
+    let mut s = Services::new();
+    let first = now.as_second() - POINTS as i64 * STEP;
+    for n in 0..SERVICES {
+        let key = ServiceKey {
+            namespace: format!("inference-{}", n % 5),
+            name: format!("model-{n}"),
+        };
+        for i in 0..POINTS as i64 {
+            let hour = (i * STEP / 3600 % 24) as f64;
+            let demand = 4.0 + 3.0 * (hour / 24.0 * std::f64::consts::TAU).sin();
+            s.record(&key, first + i * STEP, demand, demand.ceil());
+        }
+    }
+    s
+}
+
 fn benches(c: &mut Criterion) {
     let controller = loaded();
     let now = Timestamp::now();
-    let view = page::build(&controller.status(now), controller.history(), None);
+    let services = services(now);
+    let origin = HistoryOrigin::SinceStart {
+        at: now,
+        rebuild_failed: None,
+    };
+    let timeline = Timeline {
+        pool: controller.history(),
+        services: &services,
+        origin: &origin,
+    };
+    let view = page::build(&controller.status(now), timeline, None);
     let html = page::render(&view);
     let json = serde_json::to_string(&view).expect("json");
     eprintln!(
-        "view: {} nodes, {} namespaces, {} preemptions, {} + {} chart points; page {} KiB, \
-         JSON {} KiB",
+        "view: {} nodes, {} namespaces, {} preemptions, {} + {} chart points, {} services × {} \
+         points ({} KiB of service history); page {} KiB, JSON {} KiB",
         view.nodes.len(),
         view.namespaces.len(),
         view.preemptions.len(),
         view.charts.day.len(),
         view.charts.week.len(),
+        view.charts.services.len(),
+        view.charts.services.first().map_or(0, |s| s.week.len()),
+        services.heap_bytes() / 1024,
         html.len() / 1024,
         json.len() / 1024
     );
@@ -125,7 +161,7 @@ fn benches(c: &mut Criterion) {
     c.bench_function("view/build_from_controller_20000_pods", |b| {
         b.iter(|| {
             let report = controller.status(now);
-            black_box(page::build(&report, controller.history(), None))
+            black_box(page::build(&report, timeline, None))
         })
     });
 }

@@ -306,24 +306,17 @@ async fn run_components(components: Components) -> anyhow::Result<()> {
         anyhow::bail!("{why}: set KUBECONFIG or run in a pod");
     }
     let mut ctx = Context::new(kube);
-    if let Some(args) = scaler {
-        scaler::start(args, &mut ctx).await?;
-    }
+    let decisions = match scaler {
+        Some(args) => Some(scaler::start(args, &mut ctx).await?),
+        None => None,
+    };
     if let Some((vocabulary, webhook, pool)) = named {
         if let Some(args) = webhook {
             webhook::start(args, &vocabulary, &mut ctx).await?;
         }
         if let Some((args, view_args)) = pool {
             match pool::run::start(args, vocabulary, &mut ctx).await? {
-                Some(controller) => {
-                    let listener = view::bind(view_args.view_addr).await?;
-                    let token = ctx.supervisor.shutdown_token();
-                    let router = view::router(controller);
-                    ctx.supervisor.spawn("view", async move {
-                        view::serve(listener, router, token).await?;
-                        Ok(())
-                    });
-                }
+                Some(controller) => view::start(view_args, controller, decisions, &mut ctx).await?,
                 None => tracing::warn!("no Kubernetes cluster: the researchers' view is off"),
             }
         }

@@ -15,6 +15,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Container, Node, Pod};
 use serde::{Deserialize, Serialize};
 
+use super::owner::{Owner, owner_of};
 use crate::vocabulary::{CHECKPOINTED_AT_ANNOTATION, TRUE, Vocabulary};
 
 /// What is known about one pool node.
@@ -64,6 +65,9 @@ pub struct PodFacts {
     /// `nightshift.io/checkpointed-at`, when the pod reports a readable one.
     pub checkpointed: Option<Timestamp>,
     pub disruption: Option<Disruption>,
+    /// The Job or Workflow controlling a research pod, told its pod's Events too (kept for
+    /// research pods only: nothing is told about the others).
+    pub owner: Option<Owner>,
     /// The node's slot in the [`Ledger`], assigned when the ledger takes the pod, so that a
     /// recount adds up without hashing node names.
     slot: Option<u32>,
@@ -233,11 +237,12 @@ pub fn pod_facts(pod: &Pod, names: &Vocabulary) -> PodFacts {
         .as_ref()
         .and_then(|s| s.phase.clone())
         .unwrap_or_else(|| "Pending".to_string());
+    let research = is_research(pod, names);
     PodFacts {
         key,
         node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
         gpus: pod_gpu_request(pod, &names.gpu_resource),
-        research: is_research(pod, names),
+        research,
         terminal: phase == "Succeeded" || phase == "Failed",
         created: meta.creation_timestamp.as_ref().map(|t| t.0),
         started: pod
@@ -251,6 +256,7 @@ pub fn pod_facts(pod: &Pod, names: &Vocabulary) -> PodFacts {
             .and_then(|a| a.get(CHECKPOINTED_AT_ANNOTATION))
             .and_then(|v| v.trim().parse::<Timestamp>().ok()),
         disruption: disruption(pod),
+        owner: if research { owner_of(meta) } else { None },
         slot: None,
         namespace,
         name,
@@ -358,6 +364,9 @@ pub struct DisruptionRecord {
     /// The pod's UID, when the API server gave one (events name the pod by it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
+    /// The pod's Job or Workflow, told of the disruption too; not part of `/status`.
+    #[serde(skip)]
+    pub owner: Option<Owner>,
 }
 
 /// Per-node GPU sums over every pod, updated incrementally.
@@ -638,6 +647,7 @@ impl DisruptionRecord {
                 .map(|secs| secs.saturating_mul(gpus)),
             // The key is the UID, or `namespace/name` without one (a UID never holds a `/`).
             uid: (!pod.key.contains('/')).then(|| pod.key.clone()),
+            owner: pod.owner.clone(),
         }
     }
 }

@@ -23,7 +23,8 @@ use super::{
     accounting::{DisruptionRecord, Ledger, NodeFacts, PodFacts, node_facts, pod_facts},
     history::{History, Sample},
     marks::{self, LabelPatch, Plan, Verdict},
-    status::age,
+    notices::{Digests, OwnerNotice, PodNotice},
+    pending::{self, Repeats},
     status::{NamespaceStatus, NodeStatus, ResearchPod, StatusReport},
     windows::Windows,
 };
@@ -68,6 +69,7 @@ pub struct Metrics {
     gpus: Family<StateLabel, Gauge>,
     spare_nodes: Gauge,
     spare_gpus: Gauge,
+    headroom_gpus: Gauge,
     preemptions: Family<ReasonLabel, Counter>,
     disrupted_runtime: Histogram,
     lent_gpu_seconds: Counter<f64, AtomicU64>,
@@ -86,6 +88,7 @@ impl Default for Metrics {
             gpus: Family::default(),
             spare_nodes: Gauge::default(),
             spare_gpus: Gauge::default(),
+            headroom_gpus: Gauge::default(),
             preemptions: Family::default(),
             // Research steps run minutes to days: 1 min … ~11 days, ×4 per bucket.
             disrupted_runtime: Histogram::new(
@@ -120,6 +123,11 @@ impl Metrics {
             "pool_spare_gpus",
             "Free GPUs on nodes marked spare",
             self.spare_gpus.clone(),
+        );
+        registry.register(
+            "pool_headroom_gpus",
+            "Free GPUs held back for inference bursts on headroom nodes (part of the free GPUs)",
+            self.headroom_gpus.clone(),
         );
         registry.register(
             "pool_preemptions",
@@ -217,90 +225,27 @@ pub struct Controller {
     history: History,
     /// Events for research pods, to publish (leader only), oldest first.
     notices: Vec<PodNotice>,
+    /// The reason last told to each waiting research pod, and when.
+    waiting: Repeats,
+    /// The pods' Events gathered for their Jobs and Workflows.
+    owners: Digests,
+    /// Events for the owners of research pods, to publish (leader only).
+    owner_notices: Vec<OwnerNotice>,
 }
 
 /// Most notices kept for publishing: the publisher drains them every reconcile pass, so this
 /// bounds memory only while the API server is unreachable (a burst of preemptions is 64 pods or
-/// so; a thousand covers many of them).
+/// so; a thousand covers many of them). Owners' notices are bounded the same way.
 pub const MAX_NOTICES: usize = 1000;
 
-/// A Kubernetes Event to publish on a research pod, decided here and sent by [`super::run`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodNotice {
-    pub namespace: String,
-    pub name: String,
-    /// The pod's UID (`kubectl describe` matches events by it).
-    pub uid: Option<String>,
-    /// `Preempted` (by the scheduler), `Disrupted` (evicted, deleted by a controller) or `Lent`
-    /// (bound to spare GPUs).
-    pub reason: &'static str,
-    /// `Preempt`, `Disrupt` or `Bind`.
-    pub action: &'static str,
-    /// A warning (work was lost) rather than a normal event.
-    pub warning: bool,
-    /// The human sentence.
-    pub note: String,
-}
-
-impl PodNotice {
-    /// The notice for a research pod just bound to `gpus` GPUs of pool node `node`.
-    pub fn lent(pod: &PodFacts, node: &str, gpus: u64) -> Self {
-        Self {
-            namespace: pod.namespace.clone(),
-            name: pod.name.clone(),
-            uid: (!pod.key.contains('/')).then(|| pod.key.clone()),
-            reason: "Lent",
-            action: "Bind",
-            warning: false,
-            note: format!(
-                "Bound to {gpus} spare GPU{} of inference node {node}, lent while inference does \
-                 not need them; the pod is preempted when it does",
-                if gpus == 1 { "" } else { "s" }
-            ),
-        }
+/// Queues a pod's notice (unless [`MAX_NOTICES`] wait already) and adds it to its owner's next
+/// Event. A free function so that the controller can queue while it reads its ledger.
+fn queue(notices: &mut Vec<PodNotice>, owners: &mut Digests, n: PodNotice, now: i64) {
+    if notices.len() >= MAX_NOTICES {
+        return;
     }
-
-    /// The notice for a disrupted research pod: where, after how long, the work lost.
-    pub fn disrupted(r: &DisruptionRecord) -> Self {
-        let preempted = r.reason == "PreemptionByScheduler";
-        let (reason, action, verb) = if preempted {
-            (
-                "Preempted",
-                "Preempt",
-                "Preempted by the scheduler for inference",
-            )
-        } else {
-            ("Disrupted", "Disrupt", "Disrupted")
-        };
-        let node = r.node.as_deref().unwrap_or("no node");
-        let ran = r.ran_seconds.map_or_else(
-            || "before it started".to_string(),
-            |s| format!("after running {}", age(s)),
-        );
-        let lost = r.lost_gpu_seconds.filter(|s| *s > 0).map_or_else(
-            || "no work lost".to_string(),
-            |s| {
-                format!(
-                    "about {} GPU-minutes of work lost since its last checkpoint or start",
-                    s.div_ceil(60)
-                )
-            },
-        );
-        Self {
-            namespace: r.namespace.clone(),
-            name: r.name.clone(),
-            uid: r.uid.clone(),
-            reason,
-            action,
-            warning: true,
-            note: format!(
-                "{verb} ({}) on node {node} {ran}, holding {} GPU{}; {lost}",
-                r.reason,
-                r.gpus,
-                if r.gpus == 1 { "" } else { "s" }
-            ),
-        }
-    }
+    owners.add(&n, now);
+    notices.push(n);
 }
 
 impl Controller {
@@ -321,6 +266,9 @@ impl Controller {
             metrics,
             history: History::new(),
             notices: Vec::new(),
+            waiting: Repeats::default(),
+            owners: Digests::default(),
+            owner_notices: Vec::new(),
         }
     }
 
@@ -341,9 +289,14 @@ impl Controller {
         &self.history
     }
 
-    /// Takes the events waiting to be published.
+    /// Takes the events waiting to be published on pods.
     pub fn take_notices(&mut self) -> Vec<PodNotice> {
         std::mem::take(&mut self.notices)
+    }
+
+    /// Takes the events waiting to be published on the pods' Jobs and Workflows.
+    pub fn take_owner_notices(&mut self) -> Vec<OwnerNotice> {
+        std::mem::take(&mut self.owner_notices)
     }
 
     /// Whether both watches have listed everything once.
@@ -416,7 +369,7 @@ impl Controller {
             watcher::Event::Apply(pod) => {
                 let facts = pod_facts(&pod, resource);
                 if let Some(n) = self.newly_lent(&facts) {
-                    self.notices.push(n);
+                    queue(&mut self.notices, &mut self.owners, n, now.as_second());
                 }
                 self.ledger.apply_pod(facts, now).into_iter().collect()
             }
@@ -440,7 +393,7 @@ impl Controller {
             }
         };
         for r in records {
-            self.record_disruption(r);
+            self.record_disruption(r, now);
         }
     }
 
@@ -448,7 +401,7 @@ impl Controller {
     #[cfg(any(test, feature = "test-support"))]
     pub fn apply_pod_facts(&mut self, pod: super::accounting::PodFacts, now: Timestamp) {
         if let Some(r) = self.ledger.apply_pod(pod, now) {
-            self.record_disruption(r);
+            self.record_disruption(r, now);
         }
     }
 
@@ -471,7 +424,7 @@ impl Controller {
         (!was_bound).then(|| PodNotice::lent(pod, node, gpus))
     }
 
-    fn record_disruption(&mut self, r: DisruptionRecord) {
+    fn record_disruption(&mut self, r: DisruptionRecord, now: Timestamp) {
         tracing::info!(
             namespace = %r.namespace,
             pod = %r.name,
@@ -507,8 +460,9 @@ impl Controller {
         ns.lost_gpu_seconds += lost;
         // One replica tells the pod's owners; a standby that takes over later does not repeat
         // what the old leader published.
-        if self.leader && self.notices.len() < MAX_NOTICES {
-            self.notices.push(PodNotice::disrupted(&r));
+        if self.leader {
+            let n = PodNotice::disrupted(&r);
+            queue(&mut self.notices, &mut self.owners, n, now.as_second());
         }
         if self.recent.len() == RECENT_DISRUPTIONS {
             self.recent.pop_front();
@@ -518,6 +472,10 @@ impl Controller {
 
     /// Sets whether this replica leads (writes marks).
     pub fn set_leader(&mut self, leader: bool) {
+        if !leader {
+            // What was gathered for owners is the new leader's to tell, not ours.
+            self.owners.clear();
+        }
         self.leader = leader;
         self.metrics.leader.set(i64::from(leader));
     }
@@ -548,12 +506,21 @@ impl Controller {
         self.metrics
             .spare_gpus
             .set(i64::try_from(self.plan.spare_gpus()).unwrap_or(i64::MAX));
+        self.metrics
+            .headroom_gpus
+            .set(i64::try_from(self.plan.reserved_gpus).unwrap_or(i64::MAX));
         self.metrics.lending_open.set(i64::from(self.lending_open));
         if self.synced() {
             self.history.record(self.sample(now));
         }
         if !self.leader || !self.synced() {
             return Vec::new();
+        }
+        self.tell_waiting(now);
+        for n in self.owners.due(now.as_second()) {
+            if self.owner_notices.len() < MAX_NOTICES {
+                self.owner_notices.push(n);
+            }
         }
         let mut patches = marks::diff(&self.ledger, &self.plan);
         patches.extend(self.orphans.iter().map(|n| LabelPatch {
@@ -564,6 +531,32 @@ impl Controller {
             self.metrics.last_reconcile.set(now.as_second());
         }
         patches
+    }
+
+    /// Queues a notice for each research pod waiting for spare GPUs whose reason is due to be
+    /// told (see [`Repeats`]), from this pass's plan; forgets pods that no longer wait.
+    fn tell_waiting(&mut self, now: Timestamp) {
+        let snapshot = pending::Snapshot::of(
+            &self.plan,
+            self.lending_open,
+            &self.policy.windows,
+            self.policy.headroom,
+            now,
+        );
+        let mut still_waiting = BTreeSet::new();
+        for pod in self.ledger.pods() {
+            let Some(why) = pending::reason(&snapshot, pod) else {
+                continue;
+            };
+            still_waiting.insert(pod.key.as_str());
+            if self.notices.len() < MAX_NOTICES
+                && self.waiting.tell(&pod.key, &why, now.as_second())
+            {
+                let n = PodNotice::waiting(pod, &why);
+                queue(&mut self.notices, &mut self.owners, n, now.as_second());
+            }
+        }
+        self.waiting.retain(|k| still_waiting.contains(k));
     }
 
     /// GPUs by use now, from the last plan: free GPUs of headroom nodes are held back.
@@ -583,6 +576,11 @@ impl Controller {
             }
         }
         s
+    }
+
+    /// Adds samples from before the oldest one kept (a history rebuilt after a restart).
+    pub fn backfill_history(&mut self, older: &[Sample]) -> usize {
+        self.history.backfill(older)
     }
 
     /// Records a sample directly (tests and benchmarks fill a week without waiting for it).
@@ -733,6 +731,7 @@ mod tests {
     use crate::pool::{
         fixtures::{node, pod},
         marks::Verdict,
+        notices,
     };
     use crate::vocabulary::CHECKPOINTED_AT_ANNOTATION;
     use kube::runtime::reflector::store;
@@ -1075,6 +1074,86 @@ mod tests {
     }
 
     #[test]
+    fn the_leader_tells_a_jobs_events_on_the_job_once_per_burst() {
+        let mut c = loaded(0, vec![node("a", 8).build()], vec![]);
+        let t0 = now();
+        let i0 = tokio::time::Instant::now();
+        let member = |name: &str| {
+            pod("team-a", name)
+                .on("a")
+                .gpus(1)
+                .research()
+                .started(t0)
+                .owned_by("batch/v1", "Job", "sft")
+        };
+        c.on_pod_event(watcher::Event::Apply(member("sft-0").build()), t0);
+        c.reconcile(t0 + jiff::SignedDuration::from_secs(notices::GATHER), i0);
+        assert!(
+            c.take_owner_notices().is_empty(),
+            "a standby tells no owner"
+        );
+        c.set_leader(true);
+        for i in 1..4 {
+            c.on_pod_event(
+                watcher::Event::Apply(member(&format!("sft-{i}")).build()),
+                t0,
+            );
+        }
+        c.on_pod_event(
+            watcher::Event::Apply(pod("team-a", "alone").on("a").gpus(1).research().build()),
+            t0,
+        );
+        assert_eq!(c.take_notices().len(), 4, "each pod is told at once");
+        c.reconcile(t0, i0);
+        assert!(c.take_owner_notices().is_empty(), "gathering the burst");
+        c.reconcile(t0 + jiff::SignedDuration::from_secs(notices::GATHER), i0);
+        let told = c.take_owner_notices();
+        assert_eq!(
+            told.len(),
+            1,
+            "one Event for the Job, none for the lone pod"
+        );
+        let n = &told[0];
+        assert_eq!((n.owner.name.as_str(), n.reason), ("sft", "Lent"));
+        assert!(
+            n.note.starts_with("3 pods of this Job bound to spare GPUs")
+                && n.note.contains("sft-1 (1 GPU of a)"),
+            "{}",
+            n.note
+        );
+        // The scheduler preempts two of them: one more Event on the Job, naming both.
+        let later = t0 + jiff::SignedDuration::from_secs(60);
+        for name in ["sft-1", "sft-2"] {
+            c.on_pod_event(
+                watcher::Event::Apply(
+                    member(name)
+                        .disrupted("PreemptionByScheduler", later)
+                        .build(),
+                ),
+                later,
+            );
+        }
+        c.reconcile(later + jiff::SignedDuration::from_secs(notices::GATHER), i0);
+        let told = c.take_owner_notices();
+        assert_eq!(told.len(), 1, "{told:?}");
+        assert_eq!((told[0].reason, told[0].warning), ("Preempted", true));
+        assert!(
+            told[0]
+                .note
+                .starts_with("2 pods of this Job preempted by the scheduler"),
+            "{}",
+            told[0].note
+        );
+        c.set_leader(false);
+        c.on_pod_event(watcher::Event::Apply(member("sft-9").build()), later);
+        c.reconcile(later + jiff::SignedDuration::from_secs(3600), i0);
+        assert!(
+            c.take_owner_notices().is_empty(),
+            "a former leader tells nothing"
+        );
+    }
+
+    #[test]
     fn the_leader_notices_research_pods_bound_to_pool_gpus_once() {
         let mut c = loaded(0, vec![node("a", 8).build()], vec![]);
         c.set_leader(true);
@@ -1109,6 +1188,48 @@ mod tests {
             c.take_notices().is_empty(),
             "inference, GPU-less and off-pool pods are not lent GPUs"
         );
+    }
+
+    #[test]
+    fn the_leader_tells_a_waiting_research_pod_why_once_per_reason() {
+        let full = pod("inf", "vllm").on("a").gpus(8);
+        let queued = pod("team-a", "sft").unbound().gpus(2).research();
+        let mut c = loaded(
+            0,
+            vec![node("a", 8).build()],
+            vec![full.clone().build(), queued.build()],
+        );
+        let t0 = now();
+        let i0 = tokio::time::Instant::now();
+        c.reconcile(t0, i0);
+        assert!(c.take_notices().is_empty(), "a standby tells nothing");
+        c.set_leader(true);
+        c.reconcile(t0, i0);
+        let notices = c.take_notices();
+        assert_eq!(notices.len(), 1, "{notices:?}");
+        let n = &notices[0];
+        assert_eq!(
+            (n.name.as_str(), n.reason, n.action),
+            ("sft", "NoSpareGPUs", "Wait")
+        );
+        assert!(
+            n.note
+                .contains("every lendable GPU is in use (8 by inference"),
+            "{}",
+            n.note
+        );
+        assert_eq!(n.uid.as_deref(), Some("uid-team-a-sft"));
+        for s in 1..10 {
+            c.reconcile(
+                t0 + jiff::SignedDuration::from_secs(s),
+                i0 + Duration::from_secs(s as u64),
+            );
+        }
+        assert!(c.take_notices().is_empty(), "not one event per pass");
+        // Inference scales down: the pod fits, nothing to tell; the scheduler places it.
+        c.on_pod_event(watcher::Event::Delete(full.build()), t0);
+        c.reconcile(t0 + jiff::SignedDuration::from_secs(60), i0);
+        assert!(c.take_notices().is_empty());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use k8s_openapi::{
     },
     apimachinery::pkg::{
         api::resource::Quantity,
-        apis::meta::v1::{ObjectMeta, Time},
+        apis::meta::v1::{ObjectMeta, OwnerReference, Time},
     },
 };
 
@@ -83,6 +83,23 @@ impl PodBuilder {
     pub fn unbound(mut self) -> Self {
         self.spec().node_name = None;
         self.status().phase = Some("Pending".to_string());
+        self
+    }
+
+    /// Adds an owner reference of `kind` named `name` (UID `uid-NAME`) that controls the pod.
+    pub fn owned_by(mut self, api_version: &str, kind: &str, name: &str) -> Self {
+        self.0
+            .metadata
+            .owner_references
+            .get_or_insert_with(Vec::new)
+            .push(OwnerReference {
+                api_version: api_version.to_string(),
+                kind: kind.to_string(),
+                name: name.to_string(),
+                uid: format!("uid-{name}"),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            });
         self
     }
 

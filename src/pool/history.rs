@@ -40,15 +40,51 @@ impl Sample {
     }
 }
 
-/// The last week of samples, oldest first.
-#[derive(Clone, Debug, Default)]
+/// The last week of samples, oldest first. The ring is allocated whole at the start, so its
+/// memory is [`MAX_BYTES`] from the first sample on and never grows past it.
+#[derive(Clone, Debug)]
 pub struct History {
     samples: VecDeque<Sample>,
 }
 
+impl Default for History {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl History {
     pub fn new() -> Self {
-        Self::default()
+        Self {
+            samples: VecDeque::with_capacity(CAPACITY),
+        }
+    }
+
+    /// Adds samples older than the oldest kept (a history rebuilt after a restart, oldest
+    /// first), up to [`CAPACITY`] in all; the newest of them are kept. Returns how many.
+    pub fn backfill(&mut self, older: &[Sample]) -> usize {
+        let first = self.first_at().unwrap_or(i64::MAX);
+        let usable: Vec<&Sample> = older.iter().filter(|s| s.at < first).collect();
+        let mut kept = 0;
+        let mut next_at = first;
+        for s in usable.into_iter().rev() {
+            if self.samples.len() == CAPACITY {
+                break;
+            }
+            // One sample a minute, as live sampling keeps them.
+            if s.at > next_at.saturating_sub(SAMPLE_SECONDS) {
+                continue;
+            }
+            self.samples.push_front(*s);
+            next_at = s.at;
+            kept += 1;
+        }
+        kept
+    }
+
+    /// Heap memory of the ring (its capacity).
+    pub fn heap_bytes(&self) -> usize {
+        self.samples.capacity() * std::mem::size_of::<Sample>()
     }
 
     /// Records `sample` unless one was taken less than [`SAMPLE_SECONDS`] before it (or the clock
@@ -158,6 +194,27 @@ mod tests {
         assert_eq!(h.first_at(), Some(10 * SAMPLE_SECONDS));
         assert_eq!(std::mem::size_of::<Sample>(), 24);
         assert_eq!(MAX_BYTES, 241_920);
+        assert_eq!(h.heap_bytes(), MAX_BYTES, "allocated once, never grown");
+    }
+
+    #[test]
+    fn a_backfill_goes_before_the_live_samples_a_minute_apart_within_the_week() {
+        let mut h = History::new();
+        h.record(at(100 * 60, 3));
+        let older: Vec<Sample> = (0..=100).map(|i| at(i * 60 - 30, 1)).collect();
+        // The sample at 99.5 min is within a minute of the live one and is skipped.
+        assert_eq!(h.backfill(&older), 100);
+        assert_eq!(h.len(), 101);
+        assert_eq!(h.first_at(), Some(-30));
+        let long: Vec<Sample> = (0..(CAPACITY as i64 * 2)).map(|i| at(i * 60, 1)).collect();
+        let mut fresh = History::new();
+        assert_eq!(fresh.backfill(&long), CAPACITY);
+        assert_eq!(
+            fresh.first_at(),
+            Some(CAPACITY as i64 * 60),
+            "the newest week"
+        );
+        assert_eq!(fresh.heap_bytes(), MAX_BYTES);
     }
 
     #[test]

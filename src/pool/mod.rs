@@ -5,6 +5,9 @@
 //! - [`windows`] (pure): daily lending windows.
 //! - [`controller`] (pure): the state machine between watch events and patches, plus metrics.
 //! - [`history`] (pure): GPUs by use over the last week, one sample a minute, for the view.
+//! - [`pending`] (pure): why a research pod waits for spare GPUs, and when to say it again.
+//! - [`owner`] (pure): the Job or Workflow that controls a research pod.
+//! - [`notices`] (pure): the Events on research pods, and their digest on the pods' owners.
 //! - [`status`] (pure): the `/status` document and the `nightshift status` table.
 //! - [`lease`]: leader election over a Lease, so that one replica writes.
 //! - [`run`]: the running controller: election, watches, patches, the `/status` route.
@@ -22,6 +25,9 @@ pub mod fixtures;
 pub mod history;
 pub mod lease;
 pub mod marks;
+pub mod notices;
+pub mod owner;
+pub mod pending;
 pub mod report;
 pub mod run;
 pub mod status;

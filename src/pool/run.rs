@@ -23,10 +23,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Error, PoolArgs,
-    controller::{Controller, MAX_NOTICES, Metrics, PodNotice},
+    controller::{Controller, MAX_NOTICES, Metrics},
     lease::{Elector, LeaseClient, Timing},
     marks::LabelPatch,
     node_selector,
+    notices::{OwnerNotice, PodNotice},
 };
 use crate::{admin::ReadyHandle, runtime::Context, vocabulary::Vocabulary};
 
@@ -130,36 +131,75 @@ pub async fn start(
     Ok(Some(controller))
 }
 
-/// Publishes the controller's notices as `events.k8s.io/v1` Events on the pods, until the
-/// sending side closes (at shutdown). kube's recorder turns a repeat of the same event within
-/// minutes into a series (one Event, a count) instead of a new object.
-async fn publish_notices(recorder: Recorder, mut notices: mpsc::Receiver<PodNotice>) {
-    while let Some(n) = notices.recv().await {
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            namespace: Some(n.namespace.clone()),
-            name: Some(n.name.clone()),
-            uid: n.uid.clone(),
-            ..ObjectReference::default()
-        };
-        let event = Event {
-            type_: if n.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
+/// One Event to publish: on a research pod, or on its Job or Workflow.
+struct Publication {
+    regarding: ObjectReference,
+    event: Event,
+}
+
+fn event(reason: &'static str, action: &'static str, warning: bool, note: &str) -> Event {
+    Event {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.to_string(),
+        note: Some(note.to_string()),
+        action: action.to_string(),
+        secondary: None,
+    }
+}
+
+impl From<PodNotice> for Publication {
+    fn from(n: PodNotice) -> Self {
+        Self {
+            event: event(n.reason, n.action, n.warning, &n.note),
+            regarding: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                namespace: Some(n.namespace),
+                name: Some(n.name),
+                uid: n.uid,
+                ..ObjectReference::default()
             },
-            reason: n.reason.to_string(),
-            note: Some(n.note.clone()),
-            action: n.action.to_string(),
-            secondary: None,
-        };
-        match recorder.publish(&event, &reference).await {
+        }
+    }
+}
+
+impl From<OwnerNotice> for Publication {
+    fn from(n: OwnerNotice) -> Self {
+        Self {
+            event: event(n.reason, n.action, n.warning, &n.note),
+            regarding: ObjectReference {
+                api_version: Some(n.owner.kind.api_version().into()),
+                kind: Some(n.owner.kind.kind().into()),
+                namespace: Some(n.namespace),
+                name: Some(n.owner.name),
+                uid: Some(n.owner.uid),
+                ..ObjectReference::default()
+            },
+        }
+    }
+}
+
+/// Publishes the controller's notices as `events.k8s.io/v1` Events on the research pods and
+/// their owners, until the sending side closes (at shutdown). kube's recorder turns a repeat of
+/// the same event within minutes into a series (one Event, a count) instead of a new object.
+async fn publish_notices(recorder: Recorder, mut notices: mpsc::Receiver<Publication>) {
+    while let Some(Publication { regarding, event }) = notices.recv().await {
+        let namespace = regarding.namespace.as_deref().unwrap_or_default();
+        let kind = regarding.kind.as_deref().unwrap_or_default();
+        let name = regarding.name.as_deref().unwrap_or_default();
+        match recorder.publish(&event, &regarding).await {
             Ok(()) => {
-                tracing::debug!(namespace = %n.namespace, pod = %n.name, reason = n.reason, "event published")
+                tracing::debug!(%namespace, %kind, %name, reason = %event.reason, "event published")
             }
             Err(e) => {
-                tracing::warn!(error = %e, namespace = %n.namespace, pod = %n.name, "could not publish an event on a research pod")
+                tracing::warn!(
+                    error = %e, %namespace, %kind, %name, reason = %event.reason,
+                    "could not publish an event on a research pod or its owner"
+                )
             }
         }
     }
@@ -217,7 +257,7 @@ async fn elect(
 /// notices to the event publisher.
 struct Outputs {
     patcher: KubePatcher,
-    notices: mpsc::Sender<PodNotice>,
+    notices: mpsc::Sender<Publication>,
 }
 
 /// Feeds the controller from the watches of pool nodes and of every pod, follows the
@@ -268,8 +308,16 @@ async fn watch_and_patch(
             _ = tick.tick() => {
                 reconcile_once(&controller, &patcher).await;
                 ready.set(lock(&controller).synced());
-                for n in lock(&controller).take_notices() {
-                    if notices.try_send(n).is_err() {
+                let (on_pods, on_owners) = {
+                    let mut c = lock(&controller);
+                    (c.take_notices(), c.take_owner_notices())
+                };
+                let publications = on_pods
+                    .into_iter()
+                    .map(Publication::from)
+                    .chain(on_owners.into_iter().map(Publication::from));
+                for p in publications {
+                    if notices.try_send(p).is_err() {
                         tracing::warn!("too many events waiting to be published; one dropped");
                     }
                 }

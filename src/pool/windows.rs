@@ -106,6 +106,29 @@ impl Window {
             std::cmp::Ordering::Greater => t >= self.start || t < self.end,
         }
     }
+
+    /// The first instant after `now` at which this window opens (its start time of day, in its
+    /// zone, today or tomorrow). A start time skipped by a daylight-saving jump moves forward by
+    /// the jump, as clocks do (02:30 in a 02:00-03:00 gap opens at 03:30).
+    pub fn next_start(&self, now: Timestamp) -> Option<Timestamp> {
+        let today = now.to_zoned(self.zone.clone());
+        let start_on = |day: jiff::civil::Date| {
+            day.to_datetime(self.start)
+                .to_zoned(self.zone.clone())
+                .ok()
+                .map(|z| z.timestamp())
+        };
+        let date = today.date();
+        match start_on(date) {
+            Some(t) if t > now => Some(t),
+            _ => start_on(date.tomorrow().ok()?),
+        }
+    }
+
+    /// The window's time zone, as configured (`UTC` when none was given).
+    pub fn zone(&self) -> &TimeZone {
+        &self.zone
+    }
 }
 
 /// The configured windows; empty means lending is always open.
@@ -129,6 +152,15 @@ impl Windows {
     /// Whether lending is open at `now`.
     pub fn open(&self, now: Timestamp) -> bool {
         self.0.is_empty() || self.0.iter().any(|w| w.contains(now))
+    }
+
+    /// When lending next opens after `now` (the earliest window start), and that window; `None`
+    /// when no window is configured (lending never closes).
+    pub fn next_opening(&self, now: Timestamp) -> Option<(Timestamp, &Window)> {
+        self.0
+            .iter()
+            .filter_map(|w| w.next_start(now).map(|t| (t, w)))
+            .min_by_key(|(t, _)| *t)
     }
 }
 
@@ -205,6 +237,40 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn the_next_opening_is_the_earliest_window_start_after_now() {
+        let w: Windows = "20:00-08:00@Asia/Seoul, 12:00-13:00@UTC"
+            .parse()
+            .expect("windows");
+        // 09:00 UTC: 20:00 KST (11:00 UTC) comes before 12:00 UTC.
+        let (t, win) = w.next_opening(at("2026-03-02T09:00:00Z")).expect("opens");
+        assert_eq!(t, at("2026-03-02T11:00:00Z"));
+        assert_eq!(win.to_string(), "20:00-08:00@Asia/Seoul");
+        // 11:30 UTC: Seoul's window opened today already; next is 12:00 UTC.
+        let (t, _) = w.next_opening(at("2026-03-02T11:30:00Z")).expect("opens");
+        assert_eq!(t, at("2026-03-02T12:00:00Z"));
+        // 13:30 UTC: both started today; Seoul's opens again tomorrow first.
+        let (t, _) = w.next_opening(at("2026-03-02T13:30:00Z")).expect("opens");
+        assert_eq!(t, at("2026-03-03T11:00:00Z"));
+        // Exactly at a start, the next one is a day later.
+        let one: Windows = "12:00-13:00@UTC".parse().expect("windows");
+        let (t, _) = one.next_opening(at("2026-03-02T12:00:00Z")).expect("opens");
+        assert_eq!(t, at("2026-03-03T12:00:00Z"));
+        assert!(
+            Windows::default()
+                .next_opening(at("2026-03-02T12:00:00Z"))
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_start_inside_a_daylight_saving_gap_opens_just_after_it() {
+        // Paris skipped 02:00-03:00 on 2026-03-29: 02:30 becomes 03:30 CEST, 01:30 UTC.
+        let w: Windows = "02:30-04:00@Europe/Paris".parse().expect("windows");
+        let (t, _) = w.next_opening(at("2026-03-28T23:00:00Z")).expect("opens");
+        assert_eq!(t, at("2026-03-29T01:30:00Z"));
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub struct ScalerMetrics {
     requests: Family<RpcLabels, Counter>,
     duration: Family<RpcOnly, Histogram, fn() -> Histogram>,
     demand: Family<ObjectLabels, Gauge<f64, AtomicU64>>,
+    pods: Family<ObjectLabels, Gauge>,
 }
 
 impl Default for ScalerMetrics {
@@ -48,6 +49,7 @@ impl Default for ScalerMetrics {
             requests: Family::default(),
             duration: Family::new_with_constructor(rpc_histogram),
             demand: Family::default(),
+            pods: Family::default(),
         }
     }
 }
@@ -70,6 +72,12 @@ impl ScalerMetrics {
             "Last demand reported per ScaledObject, in replicas (the HPA target is this × 100 / 100)",
             self.demand.clone(),
         );
+        registry.register(
+            "scaler_pods",
+            "Pods that reported readings at the last demand decision per ScaledObject (the \
+             replicas serving)",
+            self.pods.clone(),
+        );
     }
 
     /// Counts one answered request.
@@ -85,13 +93,18 @@ impl ScalerMetrics {
             .observe(seconds);
     }
 
-    /// Records the demand last reported for a ScaledObject.
-    pub fn demand(&self, namespace: &str, name: &str, replicas: f64) {
-        self.demand
-            .get_or_create(&ObjectLabels {
-                namespace: namespace.to_string(),
-                scaled_object: name.to_string(),
-            })
-            .set(replicas);
+    /// Records the demand last reported for a ScaledObject, and the pods it was read from
+    /// (`None` for a raw query, which reads no pods).
+    pub fn demand(&self, namespace: &str, name: &str, replicas: f64, pods: Option<usize>) {
+        let labels = ObjectLabels {
+            namespace: namespace.to_string(),
+            scaled_object: name.to_string(),
+        };
+        self.demand.get_or_create(&labels).set(replicas);
+        if let Some(pods) = pods {
+            self.pods
+                .get_or_create(&labels)
+                .set(i64::try_from(pods).unwrap_or(i64::MAX));
+        }
     }
 }

@@ -260,7 +260,8 @@ impl Scaler {
                 explanation.replicas = Some(ev.replicas);
                 explanation.metric_value = Some(ev.metric_value);
                 explanation.active = Some(ev.active);
-                self.metrics.demand(namespace, name, ev.replicas);
+                self.metrics
+                    .demand(namespace, name, ev.replicas, explanation.pods);
             }
             Err(e) => {
                 tracing::warn!(%namespace, scaled_object = %name, error = %e, "no demand reported");
@@ -417,8 +418,9 @@ pub fn load_tls(
 }
 
 /// Starts the scaler as a component of the process: registers metrics, readiness and admin
-/// routes, binds the gRPC port and spawns the server.
-pub async fn start(args: ScalerArgs, ctx: &mut Context) -> Result<(), StartError> {
+/// routes, binds the gRPC port and spawns the server. Returns the store of its latest decisions
+/// (read by the researchers' view when it runs in the same process).
+pub async fn start(args: ScalerArgs, ctx: &mut Context) -> Result<Decisions, StartError> {
     let ScalerArgs {
         scaler_addr,
         scaler_cache_ttl,
@@ -448,6 +450,7 @@ pub async fn start(args: ScalerArgs, ctx: &mut Context) -> Result<(), StartError
         ctx.supervisor.shutdown_token(),
     )?);
     ctx.add_admin_routes(scaler.decisions().routes());
+    let decisions = scaler.decisions().clone();
     let ready = ctx.readiness.register("scaler gRPC server");
     let listener = tokio::net::TcpListener::bind(scaler_addr)
         .await
@@ -474,5 +477,5 @@ pub async fn start(args: ScalerArgs, ctx: &mut Context) -> Result<(), StartError
         service::serve(listener, scaler, tls, service::Limits::default(), token).await?;
         Ok(())
     });
-    Ok(())
+    Ok(decisions)
 }

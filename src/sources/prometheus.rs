@@ -180,7 +180,7 @@ impl PrometheusSource {
     }
 }
 
-fn build_client(server: &Server) -> Result<Client, SourceError> {
+pub(crate) fn build_client(server: &Server) -> Result<Client, SourceError> {
     let bad = |what: &str, e: &dyn std::fmt::Display| {
         SourceError::NotConfigured(format!(
             "cannot build a client for Prometheus {}: {what}: {e}",

@@ -10,6 +10,7 @@ use std::fmt::Write as _;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use super::services::{self, Point, Services};
 use crate::pool::{
     history::{self, History, Sample},
     marks::Verdict,
@@ -86,18 +87,54 @@ pub struct Preemption {
     pub gpu_hours_lost: Option<f64>,
 }
 
-/// Usage over time (in memory since the controller started).
+/// Where the history in memory comes from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum HistoryOrigin {
+    /// Sampled in memory since this replica started at `at`; `rebuild_failed` says why a
+    /// configured Prometheus could not give the earlier history.
+    SinceStart {
+        at: Timestamp,
+        rebuild_failed: Option<String>,
+    },
+    /// Sampled since `at` while the earlier history is read from `prometheus`.
+    Rebuilding { at: Timestamp, prometheus: String },
+    /// Rebuilt from `prometheus` at `at` (`samples` samples and points), then sampled in memory.
+    Prometheus {
+        at: Timestamp,
+        prometheus: String,
+        samples: usize,
+    },
+}
+
+/// Demand against replicas of one inference service (a ScaledObject).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServiceChart {
+    pub namespace: String,
+    pub name: String,
+    /// The latest 5-minute mean.
+    pub latest: Option<Point>,
+    /// Last 7 days, hourly means.
+    pub week: Vec<Point>,
+}
+
+/// Usage over time (in memory since the controller started, or rebuilt from Prometheus).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Charts {
+    pub origin: HistoryOrigin,
     /// The oldest sample kept (`null` before the first).
     pub since: Option<Timestamp>,
     pub samples: usize,
-    /// Most memory the history takes (a week of samples).
+    /// Most memory the history of the pool takes (a week of samples).
     pub max_bytes: usize,
+    /// Most memory the history of the inference services takes.
+    pub services_max_bytes: usize,
     /// Last 24 h, 5-minute means.
     pub day: Vec<Sample>,
     /// Last 7 days, hourly means.
     pub week: Vec<Sample>,
+    /// Demand against replicas per inference service, by namespace and name.
+    pub services: Vec<ServiceChart>,
 }
 
 /// Everything the page shows; served as JSON at `/api/view`.
@@ -120,9 +157,18 @@ fn hours(seconds: u64) -> f64 {
     (seconds as f64 / 360.0).round() / 10.0
 }
 
-/// The view of `report` and `history`, restricted to `namespace` when set (the pool and its
-/// nodes stay whole: they are shared).
-pub fn build(report: &StatusReport, history: &History, namespace: Option<&str>) -> View {
+/// Everything over time the view shows, and where it comes from.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeline<'a> {
+    pub pool: &'a History,
+    pub services: &'a Services,
+    pub origin: &'a HistoryOrigin,
+}
+
+/// The view of `report` and `timeline`, restricted to `namespace` when set (the pool, its nodes
+/// and the inference services stay whole: they are shared).
+pub fn build(report: &StatusReport, timeline: Timeline<'_>, namespace: Option<&str>) -> View {
+    let history = timeline.pool;
     let wanted = |ns: &str| namespace.is_none_or(|w| w == ns);
     let nodes: Vec<NodeUse> = report
         .nodes
@@ -210,13 +256,26 @@ pub fn build(report: &StatusReport, history: &History, namespace: Option<&str>) 
         namespaces: by_ns.into_values().collect(),
         preemptions,
         charts: Charts {
+            origin: timeline.origin.clone(),
             since: history
                 .first_at()
                 .and_then(|s| Timestamp::from_second(s).ok()),
             samples: history.len(),
             max_bytes: history::MAX_BYTES,
+            services_max_bytes: services::MAX_BYTES,
             day: history.series(now - DAY, now + 1, DAY_BUCKET),
             week: history.series(now - WEEK, now + 1, WEEK_BUCKET),
+            services: timeline
+                .services
+                .series(now - WEEK, now + 1, WEEK_BUCKET)
+                .into_iter()
+                .map(|s| ServiceChart {
+                    namespace: s.namespace,
+                    name: s.name,
+                    latest: s.latest,
+                    week: s.points,
+                })
+                .collect(),
         },
         nodes,
     }
@@ -546,11 +605,12 @@ fn charts(out: &mut String, view: &View) {
     let c = &view.charts;
     let _ = write!(
         out,
-        "<p class=\"note\">History is kept in memory (one sample a minute, at most a week: {} KiB) \
-         and starts empty when nightshift restarts; {}.</p>",
+        "<p class=\"note\" id=\"history-origin\">{} History is kept in memory (one sample a \
+         minute, at most a week: {} KiB for the pool); {}.</p>",
+        origin(&c.origin),
         c.max_bytes / 1024,
         match c.since {
-            Some(t) => format!("this one holds {} samples since {}", c.samples, when(t)),
+            Some(t) => format!("it holds {} samples since {}", c.samples, when(t)),
             None => "no sample yet".to_string(),
         }
     );
@@ -559,6 +619,152 @@ fn charts(out: &mut String, view: &View) {
     chart(out, "GPUs by use, last 24 hours", &c.day, to, DAY, 6 * 3600);
     out.push_str("<h3>Last 7 days</h3>");
     chart(out, "GPUs by use, last 7 days", &c.week, to, WEEK, DAY);
+    service_charts(out, view);
+}
+
+/// Says where the history comes from.
+fn origin(o: &HistoryOrigin) -> String {
+    match o {
+        HistoryOrigin::SinceStart {
+            at,
+            rebuild_failed: None,
+        } => format!("History since restart at {}.", when(*at)),
+        HistoryOrigin::SinceStart {
+            at,
+            rebuild_failed: Some(e),
+        } => format!(
+            "History since restart at {}: rebuilding the earlier history from Prometheus failed \
+             ({}).",
+            when(*at),
+            esc(e)
+        ),
+        HistoryOrigin::Rebuilding { at, prometheus } => format!(
+            "History since restart at {}; the earlier history is being read from Prometheus \
+             ({}).",
+            when(*at),
+            esc(prometheus)
+        ),
+        HistoryOrigin::Prometheus {
+            at,
+            prometheus,
+            samples,
+        } => format!(
+            "History rebuilt from Prometheus ({}) at {}: {samples} samples of the last week, then \
+             sampled here.",
+            esc(prometheus),
+            when(*at)
+        ),
+    }
+}
+
+/// Colours of demand (Tableau purple) and replicas (the inference blue).
+const DEMAND: &str = "#b07aa1";
+const REPLICAS: &str = "#4e79a7";
+
+/// Appends demand against replicas per inference service, a small chart each.
+fn service_charts(out: &mut String, view: &View) {
+    let c = &view.charts;
+    let _ = write!(
+        out,
+        "<h2>Inference services: demand and replicas</h2><p><span class=\"sw\" \
+         style=\"background:{DEMAND}\"></span>demand (replicas the scaler asks for) &nbsp; \
+         <span class=\"sw\" style=\"background:{REPLICAS}\"></span>replicas serving (pods \
+         that reported metrics). When demand falls below the replicas, inference scales down \
+         and its GPUs can be lent. Last 7 days, hourly means (at most {} KiB in memory).</p>",
+        c.services_max_bytes / 1024
+    );
+    if c.services.is_empty() {
+        out.push_str(
+            "<p id=\"services-none\">No scaler decision yet: demand comes from the scaler \
+             running in this process (<code>nightshift run</code>), or from Prometheus after a \
+             restart.</p>",
+        );
+        return;
+    }
+    let to = view.generated_at.as_second();
+    for s in &c.services {
+        let id = format!("{}/{}", s.namespace, s.name);
+        let _ = write!(
+            out,
+            "<figure class=\"service\" data-service=\"{}\" style=\"margin:8px 0\"><figcaption><b>{}</b>",
+            esc(&id),
+            esc(&id)
+        );
+        if let Some(p) = s.latest {
+            let _ = write!(
+                out,
+                ": demand <span class=\"demand\">{:.1}</span>, replicas <span \
+                 class=\"replicas\">{:.1}</span> (last 5 minutes)",
+                p.demand, p.replicas
+            );
+        }
+        out.push_str("</figcaption>");
+        service_chart(out, &id, &s.week, to);
+        out.push_str("</figure>");
+    }
+}
+
+/// Demand and replicas of one service over `[to - WEEK, to]` as two lines, in whole viewBox
+/// units (exact enough at this size, and quick to write).
+fn service_chart(out: &mut String, id: &str, points: &[Point], to: i64) {
+    const W: i64 = 1000;
+    const H: i64 = 90;
+    const LEFT: i64 = 40;
+    const BOTTOM: i64 = 16;
+    let from = to - WEEK;
+    let top = points
+        .iter()
+        .map(|p| p.demand.max(p.replicas))
+        .fold(1.0_f32, f32::max)
+        .ceil() as f64;
+    let plot_w = (W - LEFT - 10) as f64;
+    let plot_h = (H - BOTTOM - 6) as f64;
+    let x = |at: i64| LEFT + ((at - from) as f64 / WEEK as f64 * plot_w) as i64;
+    let y = |v: f32| 6 + (plot_h - f64::from(v) / top * plot_h) as i64;
+    let _ = write!(
+        out,
+        "<svg viewBox=\"0 0 {W} {H}\" width=\"100%\" role=\"img\" aria-label=\"demand and \
+         replicas of {}, last 7 days\"><line x1=\"{LEFT}\" x2=\"{}\" y1=\"{}\" y2=\"{}\" \
+         stroke=\"#eaeef2\"/><text x=\"{}\" y=\"10\" text-anchor=\"end\">{top:.0}</text>\
+         <text x=\"{}\" y=\"{}\" text-anchor=\"end\">0</text>",
+        esc(id),
+        W - 10,
+        y(0.0),
+        y(0.0),
+        LEFT - 4,
+        LEFT - 4,
+        y(0.0) + 4
+    );
+    for d in (0..=7).rev() {
+        let label = if d == 0 {
+            "now".to_string()
+        } else {
+            format!("-{d}d")
+        };
+        let _ = write!(
+            out,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{label}</text>",
+            x(to - d * DAY),
+            H - 3
+        );
+    }
+    for (colour, value) in [
+        (REPLICAS, (|p: &Point| p.replicas) as fn(&Point) -> f32),
+        (DEMAND, |p: &Point| p.demand),
+    ] {
+        if points.is_empty() {
+            break;
+        }
+        let _ = write!(
+            out,
+            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\""
+        );
+        for p in points {
+            let _ = write!(out, "{},{} ", x(p.at), y(value(p)));
+        }
+        out.push_str("\"/>");
+    }
+    out.push_str("</svg>");
 }
 
 /// Appends one row per node, and the page end.
@@ -620,6 +826,22 @@ mod tests {
         Timestamp::from_second(2_000_000_000).expect("ts")
     }
 
+    fn since_start() -> HistoryOrigin {
+        HistoryOrigin::SinceStart {
+            at: now(),
+            rebuild_failed: None,
+        }
+    }
+
+    fn view_of(r: &StatusReport, h: &History, namespace: Option<&str>) -> View {
+        let timeline = Timeline {
+            pool: h,
+            services: &Services::new(),
+            origin: &since_start(),
+        };
+        build(r, timeline, namespace)
+    }
+
     fn node(name: &str, state: Verdict, protected: u64, lent: u64, free: u64) -> NodeStatus {
         NodeStatus {
             name: name.into(),
@@ -673,13 +895,14 @@ mod tests {
                 at: now(),
                 lost_gpu_seconds: Some(1800),
                 uid: Some("u1".into()),
+                owner: None,
             }],
         }
     }
 
     #[test]
     fn free_gpus_of_headroom_nodes_count_as_headroom() {
-        let v = build(&report(), &History::new(), None);
+        let v = view_of(&report(), &History::new(), None);
         assert_eq!(
             v.pool.gpus,
             Use {
@@ -701,7 +924,7 @@ mod tests {
 
     #[test]
     fn the_namespace_filter_keeps_the_pool_and_narrows_research() {
-        let v = build(&report(), &History::new(), Some("team-b"));
+        let v = view_of(&report(), &History::new(), Some("team-b"));
         assert_eq!(v.pool.gpus.total(), 16);
         assert_eq!(v.namespaces.len(), 1);
         assert_eq!(v.namespaces[0].namespace, "team-b");
@@ -716,7 +939,7 @@ mod tests {
     fn the_page_shows_the_figures_and_escapes_names() {
         let mut r = report();
         r.namespaces[0].namespace = "<b>x</b>".into();
-        let v = build(&r, &History::new(), None);
+        let v = view_of(&r, &History::new(), None);
         let html = render(&v);
         assert!(html.contains("&lt;b&gt;x&lt;/b&gt;"));
         assert!(!html.contains("<b>x</b>"));
@@ -727,7 +950,11 @@ mod tests {
         assert!(html.contains("sft-0"));
         assert!(html.contains("1h0m"), "ran for an hour");
         assert!(html.contains("no sample yet"));
-        assert!(html.contains("starts empty when nightshift restarts"));
+        assert!(
+            html.contains("History since restart at 2033-05-18 03:33 UTC."),
+            "{html}"
+        );
+        assert!(html.contains("id=\"services-none\""));
         assert!(!html.contains("<script"), "the page has no script");
     }
 
@@ -744,7 +971,7 @@ mod tests {
                 headroom: 8,
             });
         }
-        let v = build(&report(), &h, None);
+        let v = view_of(&report(), &h, None);
         assert_eq!(v.charts.samples, 180);
         assert_eq!(v.charts.day.len(), 36, "3 h of 5-minute points");
         assert_eq!(v.charts.week.len(), 3, "3 hourly points");
@@ -758,5 +985,54 @@ mod tests {
         }
         assert!(html.contains("holds 180 samples since"));
         assert!(html.contains(">-24h<") && html.contains(">-7d<") && html.contains(">now<"));
+    }
+
+    #[test]
+    fn each_inference_service_gets_demand_and_replicas_over_the_week() {
+        let mut services = Services::new();
+        let key = services::ServiceKey {
+            namespace: "inference".into(),
+            name: "llama".into(),
+        };
+        // Three hours from the first 5-minute step after now - 3 h (now is 200 s into a step).
+        let start = now().as_second() - 3 * 3600 + 100;
+        for m in 0..180 {
+            services.record(&key, start + m * 60, if m < 120 { 4.0 } else { 1.5 }, 3.0);
+        }
+        let origin = HistoryOrigin::Prometheus {
+            at: now(),
+            prometheus: "http://prometheus:9090".into(),
+            samples: 42,
+        };
+        let timeline = Timeline {
+            pool: &History::new(),
+            services: &services,
+            origin: &origin,
+        };
+        let v = build(&report(), timeline, Some("team-a"));
+        assert_eq!(v.charts.services.len(), 1, "services stay under a filter");
+        let s = &v.charts.services[0];
+        assert_eq!(s.week.len(), 3, "three hourly means");
+        assert_eq!((s.week[0].demand, s.week[2].demand), (4.0, 1.5));
+        let latest = s.latest.expect("latest");
+        assert_eq!((latest.demand, latest.replicas), (1.5, 3.0));
+        let html = render(&v);
+        assert!(html.contains("data-service=\"inference/llama\""), "{html}");
+        assert!(html.contains(
+            "demand <span class=\"demand\">1.5</span>, replicas <span class=\"replicas\">3.0</span>"
+        ));
+        assert_eq!(html.matches("<polyline").count(), 2, "demand and replicas");
+        assert!(html.contains("History rebuilt from Prometheus (http://prometheus:9090)"));
+        let failed = HistoryOrigin::SinceStart {
+            at: now(),
+            rebuild_failed: Some("timed out <30s>".into()),
+        };
+        assert!(origin_text(&failed).contains(
+            "rebuilding the earlier history from Prometheus failed (timed out &lt;30s&gt;)"
+        ));
+    }
+
+    fn origin_text(o: &HistoryOrigin) -> String {
+        origin(o)
     }
 }

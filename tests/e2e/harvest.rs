@@ -46,8 +46,11 @@ pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
     // Research fills every spare GPU.
     let jobs: Api<Job> = Api::namespaced(client.clone(), NS);
     let t = Instant::now();
-    jobs.create(&PostParams::default(), &indexed_research_job(research_n)?)
-        .await?;
+    jobs.create(
+        &PostParams::default(),
+        &objects::indexed_research_job("research", research_n)?,
+    )
+    .await?;
     wait_running(&cluster, "role=research", research_n as usize).await?;
     eprintln!(
         "harvest: {research_n} research pods running on the {} spare GPUs in {:.1} s",
@@ -158,24 +161,6 @@ pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
     jobs.delete("research", &kube::api::DeleteParams::background())
         .await?;
     cluster.delete_namespace(NS).await
-}
-
-/// The research Job, Indexed with a per-index backoff limit. The Job controller delays new pods
-/// after failures (10 s doubling per failure, up to 10 min) and counts failures its pod failure
-/// policy ignores too: a plain Job that lost 16 pods to preemption waits the full 10 min before
-/// replacing them. With `backoffLimitPerIndex` the delay is per index, so each preempted pod is
-/// replaced after 10 s.
-fn indexed_research_job(parallelism: i32) -> Result<Job> {
-    let mut job = objects::research_job("research", parallelism, true)?;
-    let spec = job
-        .spec
-        .as_mut()
-        .ok_or_else(|| anyhow::anyhow!("research Job without spec"))?;
-    spec.completion_mode = Some("Indexed".into());
-    spec.backoff_limit = None;
-    // Preemptions do not count against it (pod failure policy); anything else may retry a lot.
-    spec.backoff_limit_per_index = Some(1000);
-    Ok(job)
 }
 
 /// Waits until exactly `n` pods matching `selector` run (and none more are bound).

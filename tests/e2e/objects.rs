@@ -159,6 +159,24 @@ pub fn research_job(name: &str, parallelism: i32, marked: bool) -> Result<Job> {
     }))?)
 }
 
+/// [`research_job`] (marked), Indexed with a per-index backoff limit. The Job controller delays
+/// new pods after failures (10 s doubling per failure, up to 10 min) and counts failures its pod
+/// failure policy ignores too: a plain Job that lost 16 pods to preemption waits the full 10 min
+/// before replacing them. With `backoffLimitPerIndex` the delay is per index, so each preempted
+/// pod is replaced after 10 s.
+pub fn indexed_research_job(name: &str, parallelism: i32) -> Result<Job> {
+    let mut job = research_job(name, parallelism, true)?;
+    let spec = job
+        .spec
+        .as_mut()
+        .ok_or_else(|| anyhow::anyhow!("research Job without spec"))?;
+    spec.completion_mode = Some("Indexed".into());
+    spec.backoff_limit = None;
+    // Preemptions do not count against it (pod failure policy); anything else may retry a lot.
+    spec.backoff_limit_per_index = Some(1000);
+    Ok(job)
+}
+
 /// Pods in `ns` matching `selector`, keyed by name.
 pub async fn pods(
     client: &kube::Client,

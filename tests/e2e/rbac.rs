@@ -3,16 +3,20 @@
 //! else, and every component works: the webhook's caches sync and it mutates pods, the pool
 //! controller takes the Lease and writes spare marks, the scaler discovers a Service's
 //! EndpointSlices, a research pod gets nightshift's `Lent` Event when it binds and `Preempted`
-//! when the scheduler preempts it, and no API call is refused (`Forbidden`) in its log.
+//! when the scheduler preempts it, the Job of research pods preempted with it gets one `Lent` and
+//! one `Preempted` Event for its pods, a research pod that no spare GPU can take (inference
+//! holds them all) gets a `NoSpareGPUs` Event, and so does its Job, and no API call is refused
+//! (`Forbidden`) in its log.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use nightshift::scaler::service::proto::{
     GetMetricsRequest, ScaledObjectRef, external_scaler_client::ExternalScalerClient,
 };
@@ -24,7 +28,8 @@ use crate::binary::{
     remove_spare_marks, token_kubeconfig,
 };
 use crate::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE, POOL_LABEL};
-use crate::objects::{self, is_running, node_of};
+use crate::objects::{self, is_bound, is_running, node_of};
+use crate::victims;
 use crate::wait::{self, Check};
 
 const NS: &str = "e2e-rbac";
@@ -32,6 +37,13 @@ const NS: &str = "e2e-rbac";
 const INFERENCE_NS: &str = "e2e-rbac-inference";
 const SERVICE_ACCOUNT: &str = "nightshift";
 const LEASE: &str = "nightshift-pool";
+/// The reporting controller of nightshift's Events (the scheduler reports `Preempted` too).
+const REPORTER: &str = "nightshift-pool";
+/// A research Job whose pods run next to `under-rbac`, preempted with it.
+const JOB: &str = "rbac-job";
+const JOB_PODS: i32 = 2;
+/// A research pod created once inference holds every GPU: it waits.
+const WAITING: &str = "waits-for-gpus";
 /// Far above the second the pool controller needs to write marks after its caches sync.
 const STEP: Duration = Duration::from_secs(60);
 /// A port nothing listens on, for the webhook URL until nightshift reports its real one (no
@@ -41,7 +53,17 @@ const PLACEHOLDER_PORT: u16 = 9;
 pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
     let c = &*cluster;
     let result = scenario(c).await;
+    // The Job goes first (see the harvest scenario: a namespace deleted under a running Indexed
+    // Job keeps its pods for minutes).
+    let job = match Api::<Job>::namespaced(c.client.clone(), NS)
+        .delete(JOB, &DeleteParams::background())
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        other => other.map(|_| ()).context("deleting the research Job"),
+    };
     result
+        .and(job)
         .and(binary::delete_namespace_now(c, NS).await)
         .and(binary::delete_namespace_now(c, INFERENCE_NS).await)
 }
@@ -189,7 +211,7 @@ async fn scenario(c: &Cluster) -> Result<()> {
     wait_webhook_active(c, NS).await?;
     let pod = create_pod(&c.client, NS, research_pod("under-rbac", &[])).await?;
     assert_marked(&pod, true).context("research pod mutated by nightshift under RBAC")?;
-    preempted_research_gets_an_event(c, &mut ns).await?;
+    research_events_on_pods_and_their_job(c, &mut ns).await?;
 
     // Scaler: a trigger naming a Service makes it list/watch that Service's EndpointSlices.
     // The pods behind it are kwok's (nothing answers on their addresses), so the call itself
@@ -259,10 +281,61 @@ async fn scenario(c: &Cluster) -> Result<()> {
     Ok(())
 }
 
-/// The research pod `under-rbac` (one GPU) runs; an inference pod that only its node may take
-/// and that needs the whole node makes the scheduler preempt it. The pool leader records a
-/// `Lent` Event when the pod binds and a `Preempted` Event naming the node and the work lost.
-async fn preempted_research_gets_an_event(c: &Cluster, ns: &mut Nightshift) -> Result<()> {
+/// nightshift's Events in the list about the `kind` named `name`, with `reason`.
+fn ours<'a>(list: &'a [Event], kind: &str, name: &str, reason: &str) -> Vec<&'a Event> {
+    list.iter()
+        .filter(|e| {
+            let regarding = e.regarding.as_ref();
+            e.reason.as_deref() == Some(reason)
+                && e.reporting_controller.as_deref() == Some(REPORTER)
+                && regarding.and_then(|r| r.kind.as_deref()) == Some(kind)
+                && regarding.and_then(|r| r.name.as_deref()) == Some(name)
+        })
+        .collect()
+}
+
+/// Waits until nightshift has recorded an Event of each `(kind, name, reason)`; returns the
+/// first of each, in order.
+async fn wait_events(
+    ns: &mut Nightshift,
+    events: &Api<Event>,
+    what: &str,
+    wanted: &[(&str, &str, &str)],
+) -> Result<Vec<Event>> {
+    wait::until(what, STEP, || {
+        let running = ns.check_running();
+        let events = events.clone();
+        async move {
+            running?;
+            let list = events.list(&ListParams::default()).await?.items;
+            let found: Vec<Option<&Event>> = wanted
+                .iter()
+                .map(|(kind, name, reason)| ours(&list, kind, name, reason).first().copied())
+                .collect();
+            Ok(if found.iter().all(Option::is_some) {
+                Check::Done(found.into_iter().flatten().cloned().collect())
+            } else {
+                let missing: Vec<String> = wanted
+                    .iter()
+                    .zip(&found)
+                    .filter(|(_, f)| f.is_none())
+                    .map(|((kind, name, reason), _)| format!("{reason} on {kind} {name}"))
+                    .collect();
+                Check::Pending(format!("missing {}", missing.join(", ")))
+            })
+        }
+    })
+    .await
+    .with_context(|| format!("end of nightshift's log:\n{}", ns.log_tail(30)))
+}
+
+/// The research pod `under-rbac` (one GPU) runs, and the `JOB_PODS` pods of a research Job
+/// pinned to its node; an inference pod that only that node may take and that needs the whole
+/// node makes the scheduler preempt all of them. The pool leader records a `Lent` Event when
+/// each pod binds and a `Preempted` Event naming the node and the work lost, and one of each on
+/// the Job for its pods together. Then inference takes every other GPU of the pool: a new
+/// research pod waits and is told `NoSpareGPUs`, and so is the Job, whose replacement pods wait.
+async fn research_events_on_pods_and_their_job(c: &Cluster, ns: &mut Nightshift) -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), NS);
     let victim = wait::until("the research pod under-rbac running", STEP, || async {
         let p = pods.get("under-rbac").await?;
@@ -273,6 +346,20 @@ async fn preempted_research_gets_an_event(c: &Cluster, ns: &mut Nightshift) -> R
     })
     .await?;
     let (node, uid) = victim;
+    let mut job = objects::indexed_research_job(JOB, JOB_PODS)?;
+    if let Some(spec) = job.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+        spec.node_selector
+            .get_or_insert_with(Default::default)
+            .insert("kubernetes.io/hostname".into(), node.clone());
+    }
+    let job = Api::<Job>::namespaced(c.client.clone(), NS)
+        .create(&PostParams::default(), &job)
+        .await
+        .context("creating the research Job")?;
+    let job_uid = job.metadata.uid.clone();
+    let job_pods = format!("job-name={JOB}");
+    victims::wait_pods(c, NS, &job_pods, JOB_PODS as usize, is_running, STEP).await?;
+
     objects::ensure_priority_classes(&c.client).await?;
     c.create_namespace(INFERENCE_NS, json!({})).await?;
     let t = Instant::now();
@@ -283,37 +370,17 @@ async fn preempted_research_gets_an_event(c: &Cluster, ns: &mut Nightshift) -> R
     )
     .await?;
     let events: Api<Event> = Api::namespaced(c.client.clone(), NS);
-    let (lent, event) = wait::until(
+    let found = wait_events(
+        ns,
+        &events,
         "nightshift's Lent and Preempted Events on the research pod",
-        STEP,
-        || {
-            let running = ns.check_running();
-            let events = events.clone();
-            async move {
-                running?;
-                let list = events.list(&ListParams::default()).await?;
-                // The scheduler records a `Preempted` Event of its own (naming the preemptor).
-                let ours = |reason: &str| {
-                    list.items.iter().find(|e| {
-                        e.reason.as_deref() == Some(reason)
-                            && e.reporting_controller.as_deref() == Some("nightshift-pool")
-                            && e.regarding.as_ref().and_then(|r| r.name.as_deref())
-                                == Some("under-rbac")
-                    })
-                };
-                Ok(match (ours("Lent"), ours("Preempted")) {
-                    (Some(l), Some(p)) => Check::Done((l.clone(), p.clone())),
-                    (l, p) => Check::Pending(format!(
-                        "Lent event {}, Preempted event {}",
-                        l.is_some(),
-                        p.is_some()
-                    )),
-                })
-            }
-        },
+        &[
+            ("Pod", "under-rbac", "Lent"),
+            ("Pod", "under-rbac", "Preempted"),
+        ],
     )
-    .await
-    .with_context(|| format!("end of nightshift's log:\n{}", ns.log_tail(30)))?;
+    .await?;
+    let (lent, event) = (&found[0], &found[1]);
     ensure!(
         lent.type_.as_deref() == Some("Normal")
             && lent
@@ -333,11 +400,67 @@ async fn preempted_research_gets_an_event(c: &Cluster, ns: &mut Nightshift) -> R
             && note.contains("work lost"),
         "unexpected event: {event:?}"
     );
+    eprintln!(
+        "rbac: research pod preempted on {node}; nightshift's Event {:.2} s after the inference \
+         pod was created: {note}",
+        t.elapsed().as_secs_f64()
+    );
+
+    // The Job is told of its pods together: one Lent and one Preempted Event for both.
+    let found = wait_events(
+        ns,
+        &events,
+        "nightshift's Lent and Preempted Events on the research Job",
+        &[("Job", JOB, "Lent"), ("Job", JOB, "Preempted")],
+    )
+    .await?;
+    let (lent, preempted) = (&found[0], &found[1]);
+    for e in [lent, preempted] {
+        let regarding = e.regarding.clone().unwrap_or_default();
+        ensure!(
+            regarding.uid == job_uid && regarding.api_version.as_deref() == Some("batch/v1"),
+            "the Event does not regard the Job {JOB}: {e:?}"
+        );
+    }
+    let lent_note = lent.note.clone().unwrap_or_default();
+    ensure!(
+        lent.type_.as_deref() == Some("Normal")
+            && lent_note.starts_with(&format!("{JOB_PODS} pods of this Job bound to spare GPUs"))
+            && lent_note.contains(&format!("(1 GPU of {node})")),
+        "unexpected Lent event on the Job: {lent:?}"
+    );
+    let preempted_note = preempted.note.clone().unwrap_or_default();
+    ensure!(
+        preempted.type_.as_deref() == Some("Warning")
+            && preempted_note.starts_with(&format!(
+                "{JOB_PODS} pods of this Job preempted by the scheduler for inference"
+            ))
+            && preempted_note.contains(&format!("on {node} after running")),
+        "unexpected Preempted event on the Job: {preempted:?}"
+    );
+    let list = events.list(&ListParams::default()).await?.items;
+    for reason in ["Lent", "Preempted"] {
+        let n = ours(&list, "Job", JOB, reason).len();
+        ensure!(
+            n == 1,
+            "{n} {reason} Events on the Job for its {JOB_PODS} pods, not one"
+        );
+    }
+    eprintln!(
+        "rbac: the Job's Events {:.2} s after the inference pod was created: {lent_note} / \
+         {preempted_note}",
+        t.elapsed().as_secs_f64()
+    );
+
     // The researchers' view of the running binary lists the preemption for the namespace.
     let view: serde_json::Value =
         serde_json::from_str(&ns.view_get(&format!("/api/view?namespace={NS}")).await?)?;
+    let listed = view["preemptions"].as_array().is_some_and(|ps| {
+        ps.iter()
+            .any(|p| p["pod"] == "under-rbac" && p["node"] == *node)
+    });
     ensure!(
-        view["preemptions"][0]["pod"] == "under-rbac" && view["preemptions"][0]["node"] == *node,
+        listed,
         "the view does not list the preemption: {}",
         view["preemptions"]
     );
@@ -346,9 +469,59 @@ async fn preempted_research_gets_an_event(c: &Cluster, ns: &mut Nightshift) -> R
         page.contains("under-rbac") && page.contains("research of e2e-rbac"),
         "the page does not show the preemption"
     );
+
+    // Inference takes every other GPU of the pool; then a research pod has nowhere to go.
+    let t = Instant::now();
+    for other in (0..GPU_NODES)
+        .map(|i| format!("gpu-{i}"))
+        .filter(|n| *n != node)
+    {
+        create_pod(
+            &c.client,
+            INFERENCE_NS,
+            objects::pinned_inference_pod(&format!("takes-{other}"), &other, GPUS_PER_NODE),
+        )
+        .await?;
+    }
+    victims::wait_pods(
+        c,
+        INFERENCE_NS,
+        "role=inference",
+        GPU_NODES as usize,
+        is_bound,
+        STEP,
+    )
+    .await?;
+    create_pod(&c.client, NS, research_pod(WAITING, &[])).await?;
+    let found = wait_events(
+        ns,
+        &events,
+        "nightshift's NoSpareGPUs Events on the waiting research pod and its Job",
+        &[("Pod", WAITING, "NoSpareGPUs"), ("Job", JOB, "NoSpareGPUs")],
+    )
+    .await?;
+    let (waiting, job_waiting) = (&found[0], &found[1]);
+    let note = waiting.note.clone().unwrap_or_default();
+    ensure!(
+        waiting.type_.as_deref() == Some("Normal")
+            && note.starts_with("Waiting for spare GPUs: every lendable GPU is in use ("),
+        "unexpected NoSpareGPUs event: {waiting:?}"
+    );
+    let pod = pods.get(WAITING).await?;
+    ensure!(
+        node_of(&pod).is_none(),
+        "{WAITING} was bound to {:?} although inference holds every GPU",
+        node_of(&pod)
+    );
+    let job_note = job_waiting.note.clone().unwrap_or_default();
+    ensure!(
+        job_note.contains(&format!(" of this Job: {JOB}-"))
+            && job_note.contains("every lendable GPU"),
+        "unexpected NoSpareGPUs event on the Job: {job_waiting:?}"
+    );
     eprintln!(
-        "rbac: research pod preempted on {node}; nightshift's Event {:.2} s after the inference \
-         pod was created: {note}",
+        "rbac: inference holds every GPU; {WAITING} told why {:.2} s after inference filled the \
+         pool: {note}; on the Job: {job_note}",
         t.elapsed().as_secs_f64()
     );
     Ok(())

@@ -213,14 +213,14 @@ async fn a_person_reads_the_page_in_chromium_and_follows_a_namespace() {
     let stop = CancellationToken::new();
     tokio::spawn(nightshift::view::serve(
         listener,
-        nightshift::view::router(super::controller()),
+        nightshift::view::router(super::state()),
         stop.clone(),
     ));
     let _stop = stop.drop_guard();
 
     let driver = Driver::start(driver, chromium).await;
     let s = Session::new(&driver).await;
-    s.post("/window/rect", json!({"width": 1200, "height": 1950}))
+    s.post("/window/rect", json!({"width": 1200, "height": 2300}))
         .await;
     s.post("/url", json!({"url": page})).await;
     assert_eq!(s.text("h1").await, "nightshift: GPU pool");
@@ -238,6 +238,31 @@ async fn a_person_reads_the_page_in_chromium_and_follows_a_namespace() {
         namespaces.contains("team-b 8 0 16.0 1 4.0"),
         "team-b's row as shown: {namespaces}"
     );
+    let llama = "figure.service[data-service='inference/llama']";
+    assert_eq!(
+        s.text(&format!("{llama} figcaption")).await,
+        "inference/llama: demand 2.5, replicas 3.0 (last 5 minutes)"
+    );
+    let lines = s
+        .post(
+            "/elements",
+            json!({"using": "css selector", "value": format!("{llama} polyline")}),
+        )
+        .await;
+    assert_eq!(
+        lines.as_array().map(Vec::len),
+        Some(2),
+        "demand and replicas: {lines}"
+    );
+    let chart = s.element(&format!("{llama} svg")).await;
+    let rect = s.get(&format!("/element/{chart}/rect")).await;
+    assert!(
+        rect["width"].as_f64().unwrap_or(0.0) > 500.0
+            && rect["height"].as_f64().unwrap_or(0.0) > 20.0,
+        "the chart is drawn at a readable size: {rect}"
+    );
+    let shown = s.get(&format!("/element/{chart}/displayed")).await;
+    assert_eq!(shown, json!(true), "the chart is visible");
     let errors = s.console_errors().await;
     assert!(errors.is_empty(), "console errors: {errors:?}");
 

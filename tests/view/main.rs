@@ -3,6 +3,7 @@
 //! HTTP, and in a real headless Chromium ([`browser`]).
 
 mod browser;
+mod prometheus;
 
 use std::sync::{Arc, Mutex};
 
@@ -16,7 +17,8 @@ use nightshift::{
         history::Sample,
         windows::Windows,
     },
-    view::{self, page::View},
+    scaler::explain::Explanation,
+    view::{self, ViewState, page::View},
     vocabulary::Vocabulary,
 };
 use tower::ServiceExt;
@@ -27,7 +29,46 @@ use tower::ServiceExt;
 /// team-a has one pod waiting.
 /// A day of samples, a minute apart, fills the charts.
 pub fn controller() -> Arc<Mutex<Controller>> {
+    controller_at(Timestamp::now())
+}
+
+/// The scaler's decision for inference/llama at `at`: `demand` replicas, read from as many
+/// pods as it rounds up to.
+fn decision(at: Timestamp, demand: f64) -> Explanation {
+    Explanation {
+        namespace: "inference".into(),
+        name: "llama".into(),
+        at: at.to_string(),
+        source: "pods of service llama-vllm".into(),
+        pods: Some(demand.ceil() as usize),
+        terms: Vec::new(),
+        driver: Some("waiting".into()),
+        replicas: Some(demand),
+        metric_value: Some(demand * 100.0),
+        active: Some(true),
+        activation_threshold: 0.0,
+        error: None,
+    }
+}
+
+/// The fixture pool with a view over it, whose history started a day ago, and the scaler's
+/// decisions for inference/llama sampled every 5 minutes over the last day: demand swings
+/// around 2.5 replicas (1 to 4) with the replicas following it; now it is 2.5 with 3 serving.
+pub fn state() -> ViewState {
     let now = Timestamp::now();
+    let day = jiff::SignedDuration::from_hours(24);
+    let state = ViewState::new(controller_at(now), now.checked_sub(day).expect("ts"));
+    for m in (0..24 * 60 / 5).rev() {
+        let at = now
+            .checked_sub(jiff::SignedDuration::from_mins(m * 5))
+            .expect("ts");
+        let demand = 2.5 + 1.5 * (m as f64 * 5.0 / 1440.0 * std::f64::consts::TAU).sin();
+        state.sample(&[decision(at, demand)], at);
+    }
+    state
+}
+
+fn controller_at(now: Timestamp) -> Arc<Mutex<Controller>> {
     let mut c = Controller::new(
         LendingPolicy {
             vocabulary: Vocabulary::default(),
@@ -86,7 +127,7 @@ pub fn controller() -> Arc<Mutex<Controller>> {
 }
 
 async fn get(path: &str) -> (u16, String, String) {
-    let response = view::router(controller())
+    let response = view::router(state())
         .oneshot(Request::get(path).body(Body::empty()).expect("request"))
         .await
         .expect("response");
@@ -125,6 +166,9 @@ async fn the_page_shows_the_pool_research_and_preemptions_of_the_fixture() {
         "2h0m",
         "Last 24 hours",
         "holds 1441 samples since",
+        "History since restart at",
+        "data-service=\"inference/llama\"",
+        "demand <span class=\"demand\">2.5</span>, replicas <span class=\"replicas\">3.0</span>",
     ] {
         assert!(html.contains(expected), "{expected} missing in the page");
     }
@@ -165,6 +209,18 @@ async fn the_json_holds_the_same_figures_for_scripts() {
     assert_eq!(v.preemptions.len(), 1);
     assert_eq!(v.charts.day.len(), 289, "24 h of 5-minute points and now");
     assert!(v.charts.week.len() >= 24);
+    let llama = &v.charts.services[0];
+    assert_eq!(
+        (llama.namespace.as_str(), llama.name.as_str()),
+        ("inference", "llama")
+    );
+    assert!(
+        (24..=25).contains(&llama.week.len()),
+        "a day of hourly means"
+    );
+    let latest = llama.latest.expect("latest");
+    assert_eq!((latest.demand, latest.replicas), (2.5, 3.0));
+    assert!(llama.week.iter().all(|p| (1.0..=4.0).contains(&p.demand)));
 }
 
 #[tokio::test]
