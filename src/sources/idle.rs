@@ -33,10 +33,26 @@ impl<K: Eq + Hash, V> IdleMap<K, V> {
     /// The entry for `key`, marked used at `now`, made by `make` when absent. Entries idle at
     /// `now` are dropped first.
     pub fn use_or_insert_with(&mut self, key: K, now: Instant, make: impl FnOnce() -> V) -> &mut V {
+        match self.use_or_try_insert_with(key, now, || Ok::<V, std::convert::Infallible>(make())) {
+            Ok(value) => value,
+            Err(never) => match never {},
+        }
+    }
+
+    /// As [`IdleMap::use_or_insert_with`] with a `make` that may fail (nothing is kept then).
+    pub fn use_or_try_insert_with<E>(
+        &mut self,
+        key: K,
+        now: Instant,
+        make: impl FnOnce() -> Result<V, E>,
+    ) -> Result<&mut V, E> {
         self.sweep(now);
-        let entry = self.entries.entry(key).or_insert_with(|| (make(), now));
+        let entry = match self.entries.entry(key) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => entry.insert((make()?, now)),
+        };
         entry.1 = now;
-        &mut entry.0
+        Ok(&mut entry.0)
     }
 
     /// Whether `key` has an entry that is not idle at `now`.
