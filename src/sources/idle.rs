@@ -1,6 +1,7 @@
 //! What the sources keep per upstream, forgotten once unused: an EndpointSlice watch per
-//! Service, counter histories per scrape target. ScaledObjects come and go, and whatever one
-//! named must not be kept, or watched, for the life of the process.
+//! Service, counter histories per scrape target, an HTTP client per Prometheus server, the
+//! scaler's latest decision per ScaledObject. ScaledObjects come and go, and whatever one named
+//! must not be kept, or watched, for the life of the process.
 
 use std::{
     collections::HashMap,
@@ -19,7 +20,14 @@ pub const IDLE: Duration = Duration::from_secs(600);
 pub struct IdleMap<K, V> {
     idle: Duration,
     entries: HashMap<K, (V, Instant)>,
+    /// When the entries were last looked through for idle ones.
+    swept: Option<Instant>,
 }
+
+/// Entries are looked through for idle ones at most once per this fraction of the idle time, so
+/// a use costs a lookup, not a pass over every entry; an idle entry lives at most this much
+/// longer.
+const SWEEPS_PER_IDLE: u32 = 8;
 
 impl<K: Eq + Hash, V> IdleMap<K, V> {
     /// An empty map forgetting entries unused for longer than `idle`.
@@ -27,11 +35,12 @@ impl<K: Eq + Hash, V> IdleMap<K, V> {
         Self {
             idle,
             entries: HashMap::new(),
+            swept: None,
         }
     }
 
     /// The entry for `key`, marked used at `now`, made by `make` when absent. Entries idle at
-    /// `now` are dropped first.
+    /// `now` are dropped first (see [`SWEEPS_PER_IDLE`]), with whatever they own.
     pub fn use_or_insert_with(&mut self, key: K, now: Instant, make: impl FnOnce() -> V) -> &mut V {
         match self.use_or_try_insert_with(key, now, || Ok::<V, std::convert::Infallible>(make())) {
             Ok(value) => value,
@@ -46,13 +55,31 @@ impl<K: Eq + Hash, V> IdleMap<K, V> {
         now: Instant,
         make: impl FnOnce() -> Result<V, E>,
     ) -> Result<&mut V, E> {
-        self.sweep(now);
+        drop(self.sweep_if_due(now));
         let entry = match self.entries.entry(key) {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
             std::collections::hash_map::Entry::Vacant(entry) => entry.insert((make()?, now)),
         };
         entry.1 = now;
         Ok(&mut entry.0)
+    }
+
+    /// Keeps `value` for `key`, used at `now` (replacing any earlier value); returns the entries
+    /// dropped as idle at `now` (see [`SWEEPS_PER_IDLE`]).
+    pub fn insert(&mut self, key: K, value: V, now: Instant) -> Vec<(K, V)> {
+        let dropped = self.sweep_if_due(now);
+        self.entries.insert(key, (value, now));
+        dropped
+    }
+
+    /// The value for `key`, idle or not, without marking it used.
+    pub fn get(&self, key: &K) -> Option<&V> {
+        self.entries.get(key).map(|(value, _)| value)
+    }
+
+    /// Every value kept, in no particular order.
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.entries.values().map(|(value, _)| value)
     }
 
     /// Whether `key` has an entry that is not idle at `now`.
@@ -62,13 +89,22 @@ impl<K: Eq + Hash, V> IdleMap<K, V> {
             .is_some_and(|(_, used)| now.saturating_duration_since(*used) <= self.idle)
     }
 
-    /// Drops the entries unused for longer than the idle time at `now`; how many.
-    pub fn sweep(&mut self, now: Instant) -> usize {
-        let before = self.entries.len();
+    /// [`IdleMap::sweep`], when the last one is at least an eighth of the idle time ago.
+    fn sweep_if_due(&mut self, now: Instant) -> Vec<(K, V)> {
+        let due = self
+            .swept
+            .is_none_or(|last| now.saturating_duration_since(last) >= self.idle / SWEEPS_PER_IDLE);
+        if due { self.sweep(now) } else { Vec::new() }
+    }
+
+    /// Removes the entries unused for longer than the idle time at `now` and returns them.
+    pub fn sweep(&mut self, now: Instant) -> Vec<(K, V)> {
+        self.swept = Some(now);
         let idle = self.idle;
         self.entries
-            .retain(|_, (_, used)| now.saturating_duration_since(*used) <= idle);
-        before - self.entries.len()
+            .extract_if(|_, (_, used)| now.saturating_duration_since(*used) > idle)
+            .map(|(key, (value, _))| (key, value))
+            .collect()
     }
 
     /// Number of entries kept.
@@ -114,16 +150,32 @@ mod tests {
         let mut map = IdleMap::new(MINUTE);
         map.use_or_insert_with("watch", t0, || token.clone().drop_guard());
         assert!(!token.is_cancelled());
-        assert_eq!(
-            map.sweep(t0 + MINUTE),
-            0,
+        assert!(
+            map.sweep(t0 + MINUTE).is_empty(),
             "exactly the idle time is still in use"
         );
-        assert_eq!(map.sweep(t0 + 2 * MINUTE), 1);
+        let dropped = map.sweep(t0 + 2 * MINUTE);
+        assert_eq!(dropped.len(), 1);
         assert!(map.is_empty());
+        assert!(!token.is_cancelled(), "the caller holds what was swept");
+        drop(dropped);
         assert!(
             token.is_cancelled(),
             "the watch owned by the entry is stopped"
         );
+    }
+
+    #[test]
+    fn insert_replaces_and_returns_what_went_idle() {
+        let t0 = Instant::now();
+        let mut map = IdleMap::new(MINUTE);
+        assert!(map.insert("a", 1, t0).is_empty());
+        assert!(map.insert("b", 1, t0 + MINUTE).is_empty());
+        assert!(map.insert("b", 2, t0 + MINUTE).is_empty());
+        assert_eq!(map.insert("c", 1, t0 + 2 * MINUTE), vec![("a", 1)]);
+        assert_eq!(map.get(&"b"), Some(&2));
+        let mut values: Vec<i32> = map.values().copied().collect();
+        values.sort_unstable();
+        assert_eq!(values, vec![1, 2]);
     }
 }
