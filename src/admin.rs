@@ -339,7 +339,7 @@ mod tests {
     async fn a_request_slower_than_the_request_limit_gets_408() {
         let (_, mut http) = limits();
         http.request = Duration::from_millis(300);
-        let app = Router::new().route("/never", get(|| std::future::pending::<&str>()));
+        let app = Router::new().route("/never", get(std::future::pending::<&str>));
         let (addr, _stop) = serve_app(app, http).await;
         let started = std::time::Instant::now();
         let response = tokio::time::timeout(DEADLINE, reqwest::get(format!("http://{addr}/never")))
