@@ -10,7 +10,8 @@
 //! Each phase lasts `NIGHTSHIFT_SOAK_SECS` (default 600) and prints, every
 //! `NIGHTSHIFT_SOAK_REPORT_SECS` (default 60): the server process's RSS and open file
 //! descriptors, the requests' p99 and the rate achieved; then the growth from the first report
-//! to the last.
+//! to the last, and from the end of warm-up (`NIGHTSHIFT_SOAK_WARMUP_REPORTS`, default the first
+//! 2 reports) to the last. `NIGHTSHIFT_SOAK_PHASES` (default `webhook,scaler`) runs only some.
 
 #[path = "support/localhost_cert.rs"]
 mod localhost_cert;
@@ -86,7 +87,10 @@ fn report(phase: &str, minute: usize, s: Sample, seen: &mut Vec<Sample>) {
     seen.push(s);
 }
 
-fn growth(phase: &str, seen: &[Sample]) {
+/// Prints the growth from the first report to the last, then from the end of warm-up (the
+/// first `warm_up` reports: allocator pools, connection buffers and caches filling) to the last,
+/// which is what a leak would show in.
+fn growth(phase: &str, seen: &[Sample], warm_up: usize) {
     let (Some(first), Some(last)) = (seen.first(), seen.last()) else {
         return;
     };
@@ -102,6 +106,22 @@ fn growth(phase: &str, seen: &[Sample]) {
         first.p99,
         last.p99
     );
+    let base_report = warm_up.max(1);
+    if let Some(base) = seen
+        .get(base_report - 1)
+        .filter(|_| base_report < seen.len())
+    {
+        println!(
+            "{phase} growth after warm-up (report {base_report} → {}): RSS {:+.1} % ({:.1} → {:.1} MiB), open fds {:+} ({} → {})",
+            seen.len(),
+            100.0 * (last.rss - base.rss) / base.rss,
+            base.rss,
+            last.rss,
+            last.fds as i64 - base.fds as i64,
+            base.fds,
+            last.fds,
+        );
+    }
 }
 
 fn main() {
@@ -119,11 +139,22 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    runtime.block_on(webhook(secs, every, rate));
-    runtime.block_on(scaler(secs, every));
+    let warm_up: usize = env_or("NIGHTSHIFT_SOAK_WARMUP_REPORTS", 2);
+    let phases: String = env_or("NIGHTSHIFT_SOAK_PHASES", "webhook,scaler".to_string());
+    let phases: Vec<&str> = phases.split(',').map(str::trim).collect();
+    if let Some(unknown) = phases.iter().find(|p| !["webhook", "scaler"].contains(p)) {
+        eprintln!("NIGHTSHIFT_SOAK_PHASES: unknown phase {unknown:?} (webhook, scaler)");
+        std::process::exit(2);
+    }
+    if phases.contains(&"webhook") {
+        runtime.block_on(webhook(secs, every, rate, warm_up));
+    }
+    if phases.contains(&"scaler") {
+        runtime.block_on(scaler(secs, every, warm_up));
+    }
 }
 
-async fn webhook(secs: u64, every: u64, rate: f64) {
+async fn webhook(secs: u64, every: u64, rate: f64, warm_up: usize) {
     let dir = tempfile::tempdir().expect("tempdir");
     let (_, tls) = localhost_cert::generate(dir.path());
     let reviewer = Reviewer {
@@ -226,7 +257,7 @@ async fn webhook(secs: u64, every: u64, rate: f64) {
         };
         report("webhook", minute, s, &mut seen);
     }
-    growth("webhook", &seen);
+    growth("webhook", &seen, warm_up);
     shutdown.cancel();
     let _ = task.await;
     server_rt.shutdown_background();
@@ -242,7 +273,7 @@ impl Drop for Scaler {
     }
 }
 
-async fn scaler(secs: u64, every: u64) {
+async fn scaler(secs: u64, every: u64, warm_up: usize) {
     let prom = fake_prometheus().await;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -322,7 +353,7 @@ async fn scaler(secs: u64, every: u64) {
         };
         report("scaler", minute, s, &mut seen);
     }
-    growth("scaler", &seen);
+    growth("scaler", &seen, warm_up);
 }
 
 /// A Prometheus stand-in answering every query with a vector of two pods per model.

@@ -167,6 +167,7 @@ pub fn limits() -> (usize, HttpLimits) {
             request: Duration::from_secs(10),
             // Nothing here needs more than a handful of concurrent requests per connection.
             max_streams: 16,
+            // As the webhook: a vanished peer frees its place within 50 s.
             keep_alive_interval: Duration::from_secs(30),
             keep_alive_timeout: Duration::from_secs(20),
         },
@@ -290,5 +291,128 @@ mod tests {
     async fn livez_is_always_ok() {
         let app = router(Arc::new(Registry::default()), Readiness::default());
         assert_eq!(get_status(app, "/livez").await.0, StatusCode::OK);
+    }
+
+    /// How long a waiting request is watched to show it does not get through.
+    const HELD: Duration = Duration::from_millis(400);
+    /// Bound on anything that must happen.
+    const DEADLINE: Duration = Duration::from_secs(10);
+
+    /// Serves `app` within `http` (and 4 connections) on a free loopback port until the guard
+    /// drops.
+    async fn serve_app(app: Router, http: HttpLimits) -> (SocketAddr, tokio_util::sync::DropGuard) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let stop = CancellationToken::new();
+        tokio::spawn(serve_with(listener, app, 4, http, stop.clone()));
+        (addr, stop.drop_guard())
+    }
+
+    /// A route that counts its callers and answers each once `gate` has a permit for it.
+    fn gated_route(
+        gate: Arc<tokio::sync::Semaphore>,
+        entered: Arc<std::sync::atomic::AtomicUsize>,
+    ) -> Router {
+        Router::new().route(
+            "/held",
+            get(move || async move {
+                entered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                // The permit goes straight back: one permit releases every caller in turn.
+                let _ = gate.acquire().await;
+                "released"
+            }),
+        )
+    }
+
+    /// Polls `condition` every 10 ms until it holds, failing after [`DEADLINE`].
+    async fn wait_for(what: &str, condition: impl Fn() -> bool) {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        while !condition() {
+            assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_slower_than_the_request_limit_gets_408() {
+        let (_, mut http) = limits();
+        http.request = Duration::from_millis(300);
+        let app = Router::new().route("/never", get(std::future::pending::<&str>));
+        let (addr, _stop) = serve_app(app, http).await;
+        let started = std::time::Instant::now();
+        let response = tokio::time::timeout(DEADLINE, reqwest::get(format!("http://{addr}/never")))
+            .await
+            .expect("answered in time")
+            .expect("response");
+        assert_eq!(response.status(), reqwest::StatusCode::REQUEST_TIMEOUT);
+        assert!(started.elapsed() >= Duration::from_millis(300));
+    }
+
+    /// One stream per connection: a second request on the same HTTP/2 connection waits until
+    /// the first ends, while another connection is served meanwhile.
+    #[tokio::test]
+    async fn http2_streams_above_the_cap_wait_until_one_ends() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let entered = Arc::new(AtomicUsize::new(0));
+        let (_, mut http) = limits();
+        http.max_streams = 1;
+        let (addr, _stop) = serve_app(gated_route(gate.clone(), entered.clone()), http).await;
+        let url = format!("http://{addr}/held");
+        let h2 = || {
+            reqwest::Client::builder()
+                .http2_prior_knowledge()
+                .build()
+                .expect("client")
+        };
+        let client = h2();
+        let first = tokio::spawn(client.get(&url).send());
+        wait_for("the first request in the handler", || {
+            entered.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        let second = tokio::spawn(client.get(&url).send());
+        let other = tokio::spawn(h2().get(&url).send());
+        wait_for("the other connection's request in the handler", || {
+            entered.load(Ordering::SeqCst) == 2
+        })
+        .await;
+        tokio::time::sleep(HELD).await;
+        assert_eq!(
+            entered.load(Ordering::SeqCst),
+            2,
+            "a second stream ran on a connection whose only stream was taken"
+        );
+        assert!(!second.is_finished());
+        gate.add_permits(1);
+        for call in [first, second, other] {
+            let response = tokio::time::timeout(DEADLINE, call)
+                .await
+                .expect("answered in time")
+                .expect("task")
+                .expect("response");
+            assert_eq!(response.status(), reqwest::StatusCode::OK);
+        }
+        assert_eq!(entered.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn an_http2_peer_that_does_not_answer_pings_is_closed() {
+        let (_, mut http) = limits();
+        http.keep_alive_interval = Duration::from_millis(100);
+        http.keep_alive_timeout = Duration::from_millis(100);
+        let app = router(Arc::new(Registry::default()), Readiness::default());
+        let (addr, _stop) = serve_app(app, http).await;
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let seen = listen::silent_http2::watch(tcp, DEADLINE).await;
+        assert_eq!(
+            seen,
+            listen::silent_http2::Observed {
+                pinged: true,
+                closed: true
+            }
+        );
     }
 }

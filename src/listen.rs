@@ -328,3 +328,63 @@ async fn serve_connection<S>(
         }
     }
 }
+
+/// Test support: an HTTP/2 client that opens a connection and then answers nothing (no SETTINGS
+/// acknowledgement, no PING answer, no request), to show that a server's keep-alive finds such a
+/// dead peer and closes the connection.
+#[cfg(any(test, feature = "test-support"))]
+pub mod silent_http2 {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+    /// The client connection preface (RFC 9113, section 3.4) and an empty SETTINGS frame.
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+    /// Frame type of PING (RFC 9113, section 6.7), and its ACK flag.
+    const PING: u8 = 0x6;
+    const ACK: u8 = 0x1;
+
+    /// What the server did within the watch.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Observed {
+        /// The server sent a PING asking for an answer.
+        pub pinged: bool,
+        /// The server closed the connection (end of stream or reset).
+        pub closed: bool,
+    }
+
+    /// Sends the preface on `stream`, then only reads for at most `within`, noting the server's
+    /// PINGs and whether it closes the connection.
+    pub async fn watch<S>(mut stream: S, within: Duration) -> Observed
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let mut seen = Observed::default();
+        if stream.write_all(PREFACE).await.is_err() || stream.flush().await.is_err() {
+            seen.closed = true;
+            return seen;
+        }
+        let read_frames = async {
+            loop {
+                // Frame header: 24-bit length, type, flags, stream identifier.
+                let mut header = [0u8; 9];
+                if stream.read_exact(&mut header).await.is_err() {
+                    return;
+                }
+                let len = usize::from(header[0]) << 16
+                    | usize::from(header[1]) << 8
+                    | usize::from(header[2]);
+                if header[3] == PING && header[4] & ACK == 0 {
+                    seen.pinged = true;
+                }
+                let mut payload = vec![0u8; len];
+                if stream.read_exact(&mut payload).await.is_err() {
+                    return;
+                }
+            }
+        };
+        let closed = tokio::time::timeout(within, read_frames).await.is_ok();
+        seen.closed = closed;
+        seen
+    }
+}

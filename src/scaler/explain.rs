@@ -3,8 +3,8 @@
 //! the result (or the error that was returned instead).
 
 use std::{
-    collections::BTreeMap,
     sync::{Arc, Mutex},
+    time::Instant,
 };
 
 use axum::{
@@ -15,6 +15,8 @@ use axum::{
     routing::get,
 };
 use serde::Serialize;
+
+use crate::sources::idle::{IDLE, IdleMap};
 
 /// One signal's contribution.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -63,20 +65,38 @@ pub struct ErrorView {
     pub message: String,
 }
 
-/// Latest explanation per (namespace, name).
-#[derive(Clone, Default)]
+/// Latest explanation per (namespace, name); a ScaledObject not evaluated for [`IDLE`] (deleted,
+/// or pointed at another scaler) is forgotten.
+#[derive(Clone)]
 pub struct Decisions {
-    inner: Arc<Mutex<BTreeMap<(String, String), Explanation>>>,
+    inner: Arc<Mutex<IdleMap<(String, String), Explanation>>>,
+}
+
+impl Default for Decisions {
+    fn default() -> Self {
+        Self::with_idle(IDLE)
+    }
 }
 
 impl Decisions {
-    /// Stores the latest explanation for its ScaledObject.
-    pub fn record(&self, e: Explanation) {
+    /// Decisions forgetting ScaledObjects not evaluated for `idle`.
+    pub fn with_idle(idle: std::time::Duration) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(IdleMap::new(idle))),
+        }
+    }
+
+    /// Stores the latest explanation for its ScaledObject; returns the (namespace, name) of the
+    /// ScaledObjects forgotten meanwhile, whose other per-object state the caller drops too.
+    pub fn record(&self, e: Explanation) -> Vec<(String, String)> {
         let key = (e.namespace.clone(), e.name.clone());
         self.inner
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(key, e);
+            .insert(key, e, Instant::now())
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect()
     }
 
     /// The latest explanation of one ScaledObject.
@@ -90,12 +110,15 @@ impl Decisions {
 
     /// Every latest explanation, ordered by namespace and name.
     pub fn all(&self) -> Vec<Explanation> {
-        self.inner
+        let mut all: Vec<Explanation> = self
+            .inner
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
             .cloned()
-            .collect()
+            .collect();
+        all.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        all
     }
 
     /// Admin routes serving the explanations as JSON.
@@ -122,5 +145,65 @@ async fn one(
             format!("no decision yet for ScaledObject {namespace}/{name}\n"),
         )
             .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn explanation(name: &str) -> Explanation {
+        Explanation {
+            namespace: "team-a".into(),
+            name: name.into(),
+            at: "2026-11-30T00:00:00Z".into(),
+            source: "test".into(),
+            pods: Some(1),
+            terms: Vec::new(),
+            driver: None,
+            replicas: Some(1.0),
+            metric_value: Some(100.0),
+            active: Some(true),
+            activation_threshold: 0.0,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn scaled_objects_no_longer_evaluated_are_forgotten_and_named() {
+        let idle = std::time::Duration::from_millis(100);
+        let decisions = Decisions::with_idle(idle);
+        assert!(decisions.record(explanation("deleted")).is_empty());
+        assert!(decisions.record(explanation("kept")).is_empty());
+        // The passage of time is what is under test: "deleted" is not evaluated again.
+        let started = Instant::now();
+        let mut forgotten = Vec::new();
+        while started.elapsed() <= 3 * idle {
+            forgotten.extend(decisions.record(explanation("kept")));
+            std::thread::sleep(idle / 10);
+        }
+        assert_eq!(
+            forgotten,
+            vec![("team-a".to_string(), "deleted".to_string())]
+        );
+        assert!(decisions.get("team-a", "deleted").is_none());
+        assert_eq!(
+            decisions
+                .all()
+                .iter()
+                .map(|e| e.name.as_str())
+                .collect::<Vec<_>>(),
+            vec!["kept"]
+        );
+    }
+
+    #[test]
+    fn all_is_ordered_by_namespace_and_name() {
+        let decisions = Decisions::default();
+        for name in ["c", "a", "b"] {
+            decisions.record(explanation(name));
+        }
+        let names: Vec<String> = decisions.all().into_iter().map(|e| e.name).collect();
+        assert_eq!(names, vec!["a", "b", "c"]);
     }
 }

@@ -107,4 +107,39 @@ impl ScalerMetrics {
                 .set(i64::try_from(pods).unwrap_or(i64::MAX));
         }
     }
+
+    /// Drops the demand and pods series of a ScaledObject that is no longer evaluated, so that
+    /// deleted ScaledObjects neither stay in `/metrics` nor hold memory.
+    pub fn forget(&self, namespace: &str, name: &str) {
+        let labels = ObjectLabels {
+            namespace: namespace.to_string(),
+            scaled_object: name.to_string(),
+        };
+        self.demand.remove(&labels);
+        self.pods.remove(&labels);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exposition(registry: &Registry) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, registry).expect("encode");
+        out
+    }
+
+    #[test]
+    fn a_forgotten_scaled_object_leaves_metrics() {
+        let metrics = ScalerMetrics::default();
+        let mut registry = Registry::with_prefix("nightshift");
+        metrics.register(&mut registry);
+        metrics.demand("team-a", "deleted", 2.0);
+        metrics.demand("team-a", "kept", 3.0);
+        metrics.forget("team-a", "deleted");
+        let text = exposition(&registry);
+        assert!(!text.contains("scaled_object=\"deleted\""), "{text}");
+        assert!(text.contains("scaled_object=\"kept\""), "{text}");
+    }
 }

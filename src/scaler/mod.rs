@@ -271,7 +271,9 @@ impl Scaler {
                 });
             }
         }
-        self.decisions.record(explanation);
+        for (namespace, name) in self.decisions.record(explanation) {
+            self.metrics.forget(&namespace, &name);
+        }
         result
     }
 

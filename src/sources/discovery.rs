@@ -4,9 +4,8 @@
 //! no ready endpoint is an error, never an empty (zero-demand) list.
 
 use std::{
-    collections::HashMap,
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use futures::StreamExt;
@@ -19,9 +18,12 @@ use kube::{
         watcher,
     },
 };
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::SourceError;
+use super::{
+    SourceError,
+    idle::{IDLE, IdleMap},
+};
 
 /// The label EndpointSlices carry naming their Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -35,21 +37,42 @@ pub struct Endpoint {
     pub name: String,
 }
 
-/// Watches EndpointSlices of the Services that ScaledObjects point at.
+/// One Service's watch: its cache, and the guard that stops the watch when dropped.
+struct Watched {
+    store: Store<EndpointSlice>,
+    _stop: DropGuard,
+}
+
+/// Watches EndpointSlices of the Services that ScaledObjects point at. A Service no
+/// ScaledObject has asked about for [`IDLE`] has its watch stopped and its cache dropped.
 pub struct Discovery {
     client: Option<kube::Client>,
-    stores: Mutex<HashMap<(String, String), Store<EndpointSlice>>>,
+    watched: Mutex<IdleMap<(String, String), Watched>>,
     shutdown: CancellationToken,
 }
 
 impl Discovery {
     /// `client` is `None` without a cluster: Service lookups then fail with a clear error.
     pub fn new(client: Option<kube::Client>, shutdown: CancellationToken) -> Self {
+        Self::with_idle(client, shutdown, IDLE)
+    }
+
+    /// As [`Discovery::new`], stopping watches unused for `idle`.
+    pub fn with_idle(
+        client: Option<kube::Client>,
+        shutdown: CancellationToken,
+        idle: Duration,
+    ) -> Self {
         Self {
             client,
-            stores: Mutex::new(HashMap::new()),
+            watched: Mutex::new(IdleMap::new(idle)),
             shutdown,
         }
+    }
+
+    /// Services watched now.
+    pub fn watched(&self) -> usize {
+        self.watched.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     fn store(&self, namespace: &str, service: &str) -> Result<Store<EndpointSlice>, SourceError> {
@@ -60,25 +83,31 @@ impl Discovery {
                  `serverAddress`"
             )));
         };
-        let mut stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
+        let mut watched = self.watched.lock().unwrap_or_else(|p| p.into_inner());
         let key = (namespace.to_string(), service.to_string());
-        if let Some(store) = stores.get(&key) {
-            return Ok(store.clone());
-        }
+        let entry = watched.use_or_insert_with(key, Instant::now(), || {
+            self.watch(client, namespace, service)
+        });
+        Ok(entry.store.clone())
+    }
+
+    /// Starts the watch of `namespace/service`'s EndpointSlices; it runs until shutdown or
+    /// until the returned entry is dropped.
+    fn watch(&self, client: &kube::Client, namespace: &str, service: &str) -> Watched {
         let api: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
         let config = watcher::Config::default().labels(&format!("{SERVICE_NAME_LABEL}={service}"));
         let (store, writer) = reflector::store();
         let stream = reflector::reflector(writer, watcher(api, config))
             .default_backoff()
             .applied_objects();
-        let shutdown = self.shutdown.clone();
-        let (ns, svc) = key.clone();
+        let stop = self.shutdown.child_token();
+        let (ns, svc, cancelled) = (namespace.to_string(), service.to_string(), stop.clone());
         tokio::spawn(async move {
             tracing::info!(namespace = %ns, service = %svc, "watching EndpointSlices");
             let mut stream = std::pin::pin!(stream);
             loop {
                 tokio::select! {
-                    () = shutdown.cancelled() => break,
+                    () = cancelled.cancelled() => break,
                     next = stream.next() => match next {
                         Some(Ok(_)) => {}
                         Some(Err(e)) => tracing::warn!(namespace = %ns, service = %svc, error = %e, "EndpointSlice watch error; retrying"),
@@ -86,9 +115,12 @@ impl Discovery {
                     }
                 }
             }
+            tracing::info!(namespace = %ns, service = %svc, "stopped watching EndpointSlices");
         });
-        stores.insert(key, store.clone());
-        Ok(store)
+        Watched {
+            store,
+            _stop: stop.drop_guard(),
+        }
     }
 
     /// The ready endpoints of `namespace/service` on `port` (a port name or number; `None`
@@ -199,6 +231,46 @@ mod tests {
         core::v1::ObjectReference,
         discovery::v1::{Endpoint as SliceEndpoint, EndpointConditions, EndpointPort},
     };
+
+    /// A client for an API server that is not there: watches start and retry, never list.
+    fn unreachable_client() -> kube::Client {
+        let uri = "http://127.0.0.1:1".parse().expect("uri");
+        kube::Client::try_from(kube::Config::new(uri)).expect("client")
+    }
+
+    /// A Service no lookup has named for the idle time has its watch stopped and dropped; the
+    /// Services still asked about keep theirs.
+    #[tokio::test]
+    async fn watches_of_services_no_longer_asked_about_are_stopped() {
+        let idle = Duration::from_millis(200);
+        let shutdown = CancellationToken::new();
+        let discovery = Discovery::with_idle(Some(unreachable_client()), shutdown.clone(), idle);
+        let lookup = |service: &'static str| {
+            let discovery = &discovery;
+            async move {
+                discovery
+                    .endpoints("team-a", service, None, Duration::from_millis(1))
+                    .await
+            }
+        };
+        assert!(matches!(
+            lookup("gone").await,
+            Err(SourceError::Timeout { .. })
+        ));
+        assert!(lookup("kept").await.is_err());
+        assert_eq!(discovery.watched(), 2);
+        // "kept" is asked about more often than the idle time; "gone" never again.
+        let started = Instant::now();
+        while started.elapsed() <= 2 * idle {
+            assert!(lookup("kept").await.is_err());
+            tokio::time::sleep(idle / 4).await;
+        }
+        assert_eq!(discovery.watched(), 1, "the idle watch was dropped");
+        // Asked about again, a dropped Service is watched afresh.
+        assert!(lookup("gone").await.is_err());
+        assert_eq!(discovery.watched(), 2);
+        shutdown.cancel();
+    }
 
     fn slice(address_type: &str, eps: &[(&str, Option<bool>, &str)]) -> EndpointSlice {
         EndpointSlice {

@@ -10,6 +10,7 @@
 pub mod cache;
 pub mod discovery;
 pub mod exposition;
+pub mod idle;
 pub mod metrics;
 pub mod policy;
 pub mod prometheus;

@@ -7,7 +7,6 @@
 //! ScaledObjects. Every request is bounded by a timeout.
 
 use std::{
-    collections::HashMap,
     fmt::Write as _,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -20,6 +19,7 @@ use super::{
     FamilyIndex, ModelKey, SourceError,
     cache::Coalescer,
     exposition::{GENERATION_TOKENS, KV_CACHE, KV_CACHE_OLD, MODEL_LABEL, RUNNING, WAITING},
+    idle::{IDLE, IdleMap},
 };
 use crate::{demand::Signal, sources::metrics::SourceMetrics};
 
@@ -108,9 +108,11 @@ fn promql_duration(d: Duration) -> String {
     }
 }
 
-/// Prometheus servers in use, their HTTP clients and the shared query cache.
+/// Prometheus servers in use, their HTTP clients and the shared query cache. A server no
+/// ScaledObject has queried for [`IDLE`] has its client (and connection pool) dropped: with
+/// `--scaler-allowed-prometheus=*` the servers named are not bounded by a list.
 pub struct PrometheusSource {
-    clients: Mutex<HashMap<Server, Client>>,
+    clients: Mutex<IdleMap<Server, Client>>,
     families: Coalescer<(Server, String), FamilyIndex>,
     raw: Coalescer<(Server, String), Option<f64>>,
     metrics: SourceMetrics,
@@ -120,7 +122,7 @@ impl PrometheusSource {
     /// A source whose answers are reused for `ttl`.
     pub fn new(ttl: Duration, metrics: SourceMetrics) -> Self {
         Self {
-            clients: Mutex::new(HashMap::new()),
+            clients: Mutex::new(IdleMap::new(IDLE)),
             families: Coalescer::new(ttl),
             raw: Coalescer::new(ttl),
             metrics,
@@ -129,12 +131,9 @@ impl PrometheusSource {
 
     fn client(&self, server: &Server) -> Result<Client, SourceError> {
         let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = clients.get(server) {
-            return Ok(c.clone());
-        }
-        let client = build_client(server)?;
-        clients.insert(server.clone(), client.clone());
-        Ok(client)
+        clients
+            .use_or_try_insert_with(server.clone(), Instant::now(), || build_client(server))
+            .map(|client| client.clone())
     }
 
     /// One signal's family readings from `server`, shared with every concurrent and recent

@@ -7,7 +7,6 @@
 //! under-report demand exactly when pods are too loaded to answer.
 
 use std::{
-    collections::HashMap,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -17,6 +16,7 @@ use super::{
     cache::Coalescer,
     discovery::{Discovery, Endpoint},
     exposition::{self, PodReadings},
+    idle::{IDLE, IdleMap},
     metrics::SourceMetrics,
     policy::{self, Denied, SourcePolicy},
     rates::CounterRates,
@@ -83,8 +83,9 @@ pub struct Snapshot {
     pub rates_warming_up: bool,
 }
 
-/// Token-counter histories per target, keyed by (pod address, model).
-type RateBook = Mutex<HashMap<Target, CounterRates<(String, String)>>>;
+/// Token-counter histories per target, keyed by (pod address, model); a target no
+/// ScaledObject has read for [`IDLE`] is forgotten.
+type RateBook = Mutex<IdleMap<Target, CounterRates<(String, String)>>>;
 
 /// Scrapes pods and remembers counter histories per target.
 pub struct ScrapeSource {
@@ -119,7 +120,7 @@ impl ScrapeSource {
             http,
             discovery,
             cache: Coalescer::new(ttl),
-            rates: Arc::new(Mutex::new(HashMap::new())),
+            rates: Arc::new(Mutex::new(IdleMap::new(IDLE))),
             epoch: Instant::now(),
             metrics,
             policy,
@@ -141,7 +142,7 @@ impl ScrapeSource {
                 let first_time = !rates
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .contains_key(&target_c);
+                    .is_live(&target_c, Instant::now());
                 let pass = Pass {
                     http: &http,
                     discovery: &discovery,
@@ -268,9 +269,8 @@ fn summarise(
         }
     }
     let mut all_rates = rates.lock().unwrap_or_else(|p| p.into_inner());
-    let tracker = all_rates
-        .entry(target.clone())
-        .or_insert_with(|| CounterRates::new(window));
+    let tracker =
+        all_rates.use_or_insert_with(target.clone(), Instant::now(), || CounterRates::new(window));
     tracker.observe(now, counters.iter().cloned());
     let token_rates: Vec<(ModelKey, f64)> = counters
         .iter()
@@ -401,7 +401,7 @@ mod tests {
 
     #[test]
     fn pods_are_summed_and_token_rates_need_two_passes() {
-        let rates = Mutex::new(HashMap::new());
+        let rates = Mutex::new(IdleMap::new(IDLE));
         let (a, b) = (
             Endpoint {
                 address: "a:1".into(),

@@ -73,6 +73,9 @@ pub struct WebhookArgs {
     pub webhook_cert_reload_interval: Duration,
 
     /// Largest accepted request body in bytes (larger: HTTP 413).
+    // 3 MiB: the API server refuses request bodies above 3 MiB itself, and a review of an UPDATE
+    // carries the object twice (object and oldObject, each within etcd's 1.5 MiB); anything
+    // larger does not come from the API server.
     #[arg(long, env = "NIGHTSHIFT_WEBHOOK_MAX_BODY_BYTES", default_value_t = 3 * 1024 * 1024)]
     pub webhook_max_body_bytes: usize,
 

@@ -62,6 +62,9 @@ impl Default for Limits {
                 // The API server sends one review per pod creation; 100 streams per connection
                 // (Go's own default) is above what one connection carries at once.
                 max_streams: 100,
+                // A peer that vanished without closing (a node lost, a partition) is found
+                // within 50 s instead of holding a connection place and a task for ever; the
+                // API server answers pings at once, and one ping per 30 s costs nothing.
                 keep_alive_interval: Duration::from_secs(30),
                 keep_alive_timeout: Duration::from_secs(20),
             },

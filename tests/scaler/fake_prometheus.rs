@@ -32,6 +32,9 @@ pub enum Mode {
     BadData,
     /// A `bad_data` error whose message is this long text (an upstream reflecting a body).
     LongError(String),
+    /// Each query waits for a permit of this gate (a permit goes back once taken, so one
+    /// releases every query in turn), then answers as `Values(1.0)`.
+    Held(Arc<tokio::sync::Semaphore>),
 }
 
 struct FakeState {
@@ -123,28 +126,35 @@ async fn answer(state: &FakeState, params: &HashMap<String, String>) -> (StatusC
             tokio::time::sleep(d).await;
             (StatusCode::OK, vector(&[]))
         }
-        Mode::Values(v) => {
-            if !q.contains("by (") {
-                // A raw query: one element.
-                return (
-                    StatusCode::OK,
-                    vector(&[(String::new(), String::new(), String::new(), v)]),
-                );
-            }
-            let mut series = Vec::new();
-            for m in 0..state.models {
-                for pod in 0..2 {
-                    series.push((
-                        "team-a".to_string(),
-                        format!("model-{m}"),
-                        format!("pod-{m}-{pod}"),
-                        v,
-                    ));
-                }
-            }
-            (StatusCode::OK, vector(&series))
+        Mode::Held(gate) => {
+            let _ = gate.acquire().await;
+            values(state, &q, 1.0)
+        }
+        Mode::Values(v) => values(state, &q, v),
+    }
+}
+
+/// The answer to query `q` when every series has value `v`.
+fn values(state: &FakeState, q: &str, v: f64) -> (StatusCode, String) {
+    if !q.contains("by (") {
+        // A raw query: one element.
+        return (
+            StatusCode::OK,
+            vector(&[(String::new(), String::new(), String::new(), v)]),
+        );
+    }
+    let mut series = Vec::new();
+    for m in 0..state.models {
+        for pod in 0..2 {
+            series.push((
+                "team-a".to_string(),
+                format!("model-{m}"),
+                format!("pod-{m}-{pod}"),
+                v,
+            ));
         }
     }
+    (StatusCode::OK, vector(&series))
 }
 
 fn vector(series: &[(String, String, String, f64)]) -> String {

@@ -1,13 +1,15 @@
 //! The gRPC listener's limits, each exceeded over loopback with small values.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
-use nightshift::{scaler::service::Limits, sources::policy::SourcePolicy};
+use nightshift::{listen::silent_http2, scaler::service::Limits, sources::policy::SourcePolicy};
+use tokio::sync::Semaphore;
 use tonic::Code;
 
 use crate::{
     emulator::Emulator,
-    harness::{ScalerUnderTest, scaled_object},
+    fake_prometheus::{FakePrometheus, Mode},
+    harness::{ScalerUnderTest, eventually, get_metrics, scaled_object},
 };
 
 /// How long a waiting call is watched to show it does not get through.
@@ -93,4 +95,108 @@ async fn streams_above_the_cap_wait_until_one_ends() {
         .await
         .expect("served once the stream ended")
         .expect("answer");
+}
+
+/// A trigger reading `model-0` from `prom`, with an upstream timeout far above the RPC limits
+/// these tests set, so that only the listener's limits can end a call.
+fn held_trigger(prom: &FakePrometheus) -> nightshift::scaler::service::proto::ScaledObjectRef {
+    scaled_object(
+        "held",
+        &[
+            ("serverAddress", &prom.address()),
+            ("model", "model-0"),
+            ("waitingTarget", "1"),
+            ("timeout", "30s"),
+        ],
+    )
+}
+
+#[tokio::test]
+async fn rpcs_above_the_per_connection_cap_wait_until_one_ends() {
+    let gate = Arc::new(Semaphore::new(0));
+    let prom = FakePrometheus::start(Mode::Held(gate.clone()), 1).await;
+    let s = start(|l| l.concurrency_per_connection = 1).await;
+    let c = s.client().await;
+    let first = tokio::spawn({
+        let (mut c, so) = (c.clone(), held_trigger(&prom));
+        async move { get_metrics(&mut c, &so).await }
+    });
+    eventually(DEADLINE, "the first RPC reading Prometheus", || async {
+        (prom.queries() == 1).then_some(())
+    })
+    .await;
+    let spec = scaled_object(
+        "llama",
+        &[("endpoints", "10.0.0.7:8000"), ("waitingTarget", "1")],
+    );
+    // A second RPC on the same connection waits behind the one in evaluation…
+    let mut second = tokio::spawn({
+        let (mut c, spec) = (c.clone(), spec.clone());
+        async move { c.get_metric_spec(spec).await }
+    });
+    // …while another connection is served: the cap is per connection.
+    let mut other = s.client().await;
+    tokio::time::timeout(DEADLINE, other.get_metric_spec(spec))
+        .await
+        .expect("another connection answered in time")
+        .expect("answer");
+    assert!(
+        tokio::time::timeout(HELD, &mut second).await.is_err(),
+        "a second RPC was evaluated while the connection's only place was taken"
+    );
+    gate.add_permits(1);
+    tokio::time::timeout(DEADLINE, second)
+        .await
+        .expect("served once the first RPC ended")
+        .expect("task")
+        .expect("answer");
+    let value = tokio::time::timeout(DEADLINE, first)
+        .await
+        .expect("the first RPC answered")
+        .expect("task")
+        .expect("metrics");
+    // Two pods with 1.0 waiting each, a target of 1 per replica: 2 replicas, 100 each.
+    assert_eq!(value.metric_value, 200);
+}
+
+#[tokio::test]
+async fn an_rpc_slower_than_the_rpc_timeout_is_cancelled_never_answered_with_zero() {
+    let prom = FakePrometheus::start(Mode::Held(Arc::new(Semaphore::new(0))), 1).await;
+    let limit = Duration::from_millis(300);
+    let s = start(|l| l.rpc_timeout = limit).await;
+    let mut c = s.client().await;
+    let started = std::time::Instant::now();
+    let status = tokio::time::timeout(DEADLINE, get_metrics(&mut c, &held_trigger(&prom)))
+        .await
+        .expect("an answer in time")
+        .expect_err("no demand without a reading");
+    assert_eq!(status.code(), Code::Cancelled, "{status:?}");
+    assert!(started.elapsed() >= limit, "{:?}", started.elapsed());
+    assert_eq!(prom.queries(), 1, "the source was asked");
+    // The connection still serves.
+    let spec = scaled_object(
+        "llama",
+        &[("endpoints", "10.0.0.7:8000"), ("waitingTarget", "1")],
+    );
+    c.get_metric_spec(spec).await.expect("a quick request");
+}
+
+#[tokio::test]
+async fn an_http2_peer_that_does_not_answer_pings_is_closed() {
+    let s = start(|l| {
+        l.keep_alive_interval = Duration::from_millis(100);
+        l.keep_alive_timeout = Duration::from_millis(100);
+    })
+    .await;
+    let tcp = tokio::net::TcpStream::connect(s.addr)
+        .await
+        .expect("connect");
+    let seen = silent_http2::watch(tcp, DEADLINE).await;
+    assert_eq!(
+        seen,
+        silent_http2::Observed {
+            pinged: true,
+            closed: true
+        }
+    );
 }

@@ -319,3 +319,61 @@ async fn unusable_rotated_files_keep_the_previous_certificate_in_use() {
         .expect("still served with the previous files");
     assert_eq!(tls.reloads().get(), 0);
 }
+
+/// Three clients connect and never start their handshake, above a cap of two handshakes in
+/// flight: a well-behaved client waits (it is not refused), each stalled connection is dropped
+/// once the handshake time has passed, and then the well-behaved client is served.
+#[tokio::test]
+async fn stalled_handshakes_above_the_cap_are_dropped_and_a_good_client_is_served_after() {
+    use tokio::io::AsyncReadExt;
+    /// How long the good client is watched to show it waits; well under the handshake time.
+    const HELD: Duration = Duration::from_millis(300);
+    const DEADLINE: Duration = Duration::from_secs(10);
+    let handshake_timeout = Duration::from_millis(800);
+    let pki = pki();
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_server_files(dir.path(), &pki.server, None);
+    let limits = scaler::service::Limits {
+        max_connections: 8,
+        max_handshakes: 2,
+        handshake_timeout,
+        ..scaler::service::Limits::default()
+    };
+    let s = ScalerUnderTest::start_full(
+        Duration::from_millis(10),
+        Duration::from_millis(50),
+        Some(load(dir.path(), false)),
+        nightshift::sources::policy::SourcePolicy::permissive(),
+        limits,
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let mut stalled = Vec::new();
+    for _ in 0..3 {
+        stalled.push(
+            tokio::net::TcpStream::connect(s.addr)
+                .await
+                .expect("connect"),
+        );
+    }
+    let mut good = tokio::spawn(call(s.addr, client_tls(&pki.ca, None)));
+    assert!(
+        tokio::time::timeout(HELD, &mut good).await.is_err(),
+        "a handshake ran while both places were held by stalled connections"
+    );
+    for mut tcp in stalled {
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(DEADLINE, tcp.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "a stalled handshake was not dropped");
+    }
+    assert!(
+        started.elapsed() >= handshake_timeout,
+        "stalled connections dropped before the handshake time: {:?}",
+        started.elapsed()
+    );
+    tokio::time::timeout(DEADLINE, good)
+        .await
+        .expect("served in time")
+        .expect("task")
+        .expect("the well-behaved client is served");
+}

@@ -4,13 +4,15 @@
 
 use std::{sync::Arc, time::Duration};
 
-use nightshift::{tls::AcceptLimits, webhook::server::Limits};
+use nightshift::{listen::silent_http2, tls::AcceptLimits, webhook::server::Limits};
+use rustls_pki_types::{CertificateDer, ServerName, pem::PemObject};
+use serde_json::json;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
 };
 
-use crate::harness::{Server, research_cluster};
+use crate::harness::{Server, SlowCluster, admission_review, gpu_pod, research_cluster};
 
 /// How long a waiting connection is watched to show it does not get through.
 const HELD: Duration = Duration::from_millis(400);
@@ -118,4 +120,89 @@ async fn slow_headers_and_bodies_are_cut_off() {
         .expect("an answer in time")
         .expect("read");
     assert_eq!(&head, b"HTTP/1.1 408", "{}", String::from_utf8_lossy(&head));
+}
+
+/// An HTTP/2 client over TLS (ALPN `h2` only) trusting the server's CA: one connection.
+fn h2_client(s: &Server) -> reqwest::Client {
+    reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(&s.ca_pem).expect("ca pem")])
+        .http2_prior_knowledge()
+        .build()
+        .expect("client")
+}
+
+/// One stream per connection: a second request on the same HTTP/2 connection waits until the
+/// first (a review held by a slow cluster lookup) ends, while another connection is served.
+#[tokio::test]
+async fn http2_streams_above_the_cap_wait_until_one_ends() {
+    // The lookup outlasts the request limit: the review ends with HTTP 408 at that limit.
+    let request_limit = Duration::from_secs(2);
+    let slow = SlowCluster::new(research_cluster(), Duration::from_secs(60));
+    let entered = slow.entered.clone();
+    let mut limits = Limits::default();
+    limits.http.max_streams = 1;
+    limits.http.request = request_limit;
+    let s = Server::start_limited(Arc::new(slow), limits).await;
+    let client = h2_client(&s);
+    let readyz = format!("https://127.0.0.1:{}/readyz", s.addr.port());
+    let body = admission_review("uid-held", "research", gpu_pod(json!({})), false).to_string();
+    let started = std::time::Instant::now();
+    let review = tokio::spawn(client.post(s.url()).body(body).send());
+    tokio::time::timeout(DEADLINE, entered.notified())
+        .await
+        .expect("the review reached the cluster lookup");
+    let mut second = tokio::spawn(client.get(&readyz).send());
+    let other = tokio::time::timeout(DEADLINE, h2_client(&s).get(&readyz).send())
+        .await
+        .expect("another connection answered in time")
+        .expect("response");
+    assert_eq!(other.version(), reqwest::Version::HTTP_2);
+    assert!(
+        tokio::time::timeout(HELD, &mut second).await.is_err(),
+        "a second stream ran on a connection whose only stream was taken"
+    );
+    let review = tokio::time::timeout(DEADLINE, review)
+        .await
+        .expect("the review ended in time")
+        .expect("task")
+        .expect("response");
+    assert_eq!(review.status(), reqwest::StatusCode::REQUEST_TIMEOUT);
+    let second = tokio::time::timeout(DEADLINE, second)
+        .await
+        .expect("served once the review ended")
+        .expect("task")
+        .expect("response");
+    assert_eq!(second.status(), other.status());
+    assert!(started.elapsed() >= request_limit);
+}
+
+#[tokio::test]
+async fn an_http2_peer_that_does_not_answer_pings_is_closed() {
+    let s = start(|l| {
+        l.http.keep_alive_interval = Duration::from_millis(100);
+        l.http.keep_alive_timeout = Duration::from_millis(100);
+    })
+    .await;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(&s.ca_pem).expect("ca der"))
+        .expect("root");
+    let mut config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = TcpStream::connect(s.addr).await.expect("connect");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("127.0.0.1").expect("name"), tcp)
+        .await
+        .expect("handshake");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let seen = silent_http2::watch(tls, DEADLINE).await;
+    assert_eq!(
+        seen,
+        silent_http2::Observed {
+            pinged: true,
+            closed: true
+        }
+    );
 }
