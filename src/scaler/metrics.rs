@@ -135,8 +135,8 @@ mod tests {
         let metrics = ScalerMetrics::default();
         let mut registry = Registry::with_prefix("nightshift");
         metrics.register(&mut registry);
-        metrics.demand("team-a", "deleted", 2.0);
-        metrics.demand("team-a", "kept", 3.0);
+        metrics.demand("team-a", "deleted", 2.0, Some(4));
+        metrics.demand("team-a", "kept", 3.0, Some(2));
         metrics.forget("team-a", "deleted");
         let text = exposition(&registry);
         assert!(!text.contains("scaled_object=\"deleted\""), "{text}");
