@@ -401,7 +401,8 @@ async fn wait_pod(c: &Cluster, ns: &str, name: &str, ok: impl Fn(&Pod) -> bool) 
     .await
 }
 
-fn priority_class(p: &Pod) -> Option<&str> {
+/// The pod's PriorityClass name, if any.
+pub fn priority_class(p: &Pod) -> Option<&str> {
     p.spec.as_ref()?.priority_class_name.as_deref()
 }
 

@@ -102,22 +102,7 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         keda.operator_probe,
         keda.started_in.as_secs_f64()
     );
-    let prometheus_bin = find_prometheus()?;
-
-    // The vLLM source: an emulator scraped by a real Prometheus, labelled as a pod of the
-    // inference namespace.
-    let emu = Emulator::start(MODEL, 1, false).await;
-    emu.set(0, |e| e.waiting = LOW_LOAD);
-    let t_prom = SystemTime::now();
-    let prom = Prometheus::start(
-        &prometheus_bin,
-        dir,
-        &emu.endpoint(),
-        INFERENCE_NS,
-        &format!("{DEPLOYMENT}-0"),
-    )?;
-    prom.wait_ready().await?;
-    prom.wait_fresh_scrape(t_prom).await?;
+    let (emu, prom) = start_source(dir, INFERENCE_NS, LOW_LOAD).await?;
 
     // nightshift as deployed: webhook, pool controller (no headroom, lending always open) and
     // scaler in one process.
@@ -133,21 +118,8 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
     c.create_namespace(INFERENCE_NS, json!({})).await?;
     admission::wait_webhook_active(c, RESEARCH_NS).await?;
 
-    // The example, applied as a user would, with the model-hub token Secret it reads (KEDA
-    // resolves the scale target's environment, Secrets included, before it creates the HPA).
-    binary::kubectl_ok(
-        c,
-        &[
-            "create",
-            "secret",
-            "generic",
-            "hf-token",
-            "--namespace",
-            INFERENCE_NS,
-            "--from-literal=token=unused-by-kwok",
-        ],
-        None,
-    )?;
+    // The example, applied as a user would, with the model-hub token Secret it reads.
+    create_model_token(c, INFERENCE_NS)?;
     let deployment = example_deployment()?;
     let scaled_object = example_scaled_object(&nightshift.scaler.to_string(), &prom.address())?;
     for object in [&deployment, &scaled_object] {
@@ -381,14 +353,7 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
     let t_back = Instant::now();
     prom.restart()?;
     prom.wait_ready().await?;
-    wait::until("KEDA's Fallback to end", STEP, || async {
-        let so = scaled_objects.get(SCALED_OBJECT).await?;
-        Ok(match condition(&so, "Fallback") {
-            Some((status, _)) if status == "False" => Check::Done(()),
-            other => Check::Pending(format!("Fallback {other:?}")),
-        })
-    })
-    .await?;
+    wait_condition(c, &scaled_objects, "Fallback", "False").await?;
     wait_replicas(c, &deployments, LOW_REPLICAS).await?;
     eprintln!(
         "loop: Prometheus back: Deployment at {LOW_REPLICAS} again after {:.2} s",
@@ -466,6 +431,66 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         nightshift_down.held_syncs
     );
     Ok(())
+}
+
+/// The vLLM source of the KEDA scenarios: an emulator (one engine, `waiting` requests queued)
+/// scraped by a real Prometheus that labels it as pod `vllm-llama-0` of `namespace`; returned
+/// once Prometheus holds a sample scraped after the start.
+pub async fn start_source(
+    dir: &Path,
+    namespace: &str,
+    waiting: f64,
+) -> Result<(Emulator, Prometheus)> {
+    let emu = Emulator::start(MODEL, 1, false).await;
+    emu.set(0, |e| e.waiting = waiting);
+    let t_prom = SystemTime::now();
+    let prom = Prometheus::start(
+        &find_prometheus()?,
+        dir,
+        &emu.endpoint(),
+        namespace,
+        &format!("{DEPLOYMENT}-0"),
+    )?;
+    prom.wait_ready().await?;
+    prom.wait_fresh_scrape(t_prom).await?;
+    Ok((emu, prom))
+}
+
+/// The model-hub token Secret the example Deployment reads: KEDA resolves the scale target's
+/// environment, Secrets included, before it creates the HPA.
+pub fn create_model_token(c: &Cluster, namespace: &str) -> Result<()> {
+    binary::kubectl_ok(
+        c,
+        &[
+            "create",
+            "secret",
+            "generic",
+            "hf-token",
+            "--namespace",
+            namespace,
+            "--from-literal=token=unused-by-kwok",
+        ],
+        None,
+    )
+    .map(drop)
+}
+
+/// Waits until the ScaledObject's condition `kind` has status `want`.
+pub async fn wait_condition(
+    c: &Cluster,
+    scaled_objects: &Api<DynamicObject>,
+    kind: &str,
+    want: &str,
+) -> Result<()> {
+    wait::until(&format!("ScaledObject {kind}={want}"), STEP, || async {
+        c.check_processes()?;
+        let so = scaled_objects.get(SCALED_OBJECT).await?;
+        Ok(match condition(&so, kind) {
+            Some((status, _)) if status == want => Check::Done(()),
+            other => Check::Pending(format!("{kind} {other:?}")),
+        })
+    })
+    .await
 }
 
 /// `manifests/examples/vllm/deployment.yaml` for this cluster.

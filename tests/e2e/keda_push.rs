@@ -10,7 +10,7 @@
 //! after the cooldown.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -22,12 +22,9 @@ use crate::admission::deploy_with;
 use crate::binary;
 use crate::cluster::Cluster;
 use crate::keda_loop::{
-    MODEL, adapt_deployment, adapt_scaled_object, condition, scaled_object_resource,
-    wait_hpa_desired, wait_replicas,
+    adapt_deployment, adapt_scaled_object, create_model_token, scaled_object_resource,
+    start_source, wait_condition, wait_hpa_desired, wait_replicas,
 };
-use crate::source::emulator::Emulator;
-use crate::source::{Prometheus, find_prometheus};
-use crate::wait::{self, Check};
 
 const INFERENCE_NS: &str = "e2e-push";
 const SCALED_OBJECT: &str = "vllm-llama";
@@ -42,8 +39,6 @@ const STREAM_INTERVAL: &str = "1s";
 /// Waiting requests while loaded: 10 / 5 per replica → 2 replicas.
 const LOAD: f64 = 10.0;
 const LOADED_REPLICAS: i32 = 2;
-/// Deadline of each step; far above the seconds each takes, far below the polling interval.
-const STEP: Duration = Duration::from_secs(120);
 
 pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
     let c = &*cluster;
@@ -64,18 +59,7 @@ pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
 async fn scenario(c: &Cluster, dir: &std::path::Path) -> Result<()> {
     let client = c.client.clone();
     c.keda().await?;
-    let emu = Emulator::start(MODEL, 1, false).await;
-    emu.set(0, |e| e.waiting = 0.0);
-    let t_prom = SystemTime::now();
-    let prom = Prometheus::start(
-        &find_prometheus()?,
-        dir,
-        &emu.endpoint(),
-        INFERENCE_NS,
-        "vllm-llama-0",
-    )?;
-    prom.wait_ready().await?;
-    prom.wait_fresh_scrape(t_prom).await?;
+    let (emu, prom) = start_source(dir, INFERENCE_NS, 0.0).await?;
     let options = [
         format!("--scaler-allowed-prometheus={}", prom.address()),
         "--scaler-allow-loopback".to_string(),
@@ -84,19 +68,7 @@ async fn scenario(c: &Cluster, dir: &std::path::Path) -> Result<()> {
     let (_ws, nightshift, _registration) = deploy_with(c, "nightshift-push", &options).await?;
     let admin = nightshift.admin_api();
     c.create_namespace(INFERENCE_NS, json!({})).await?;
-    binary::kubectl_ok(
-        c,
-        &[
-            "create",
-            "secret",
-            "generic",
-            "hf-token",
-            "--namespace",
-            INFERENCE_NS,
-            "--from-literal=token=unused-by-kwok",
-        ],
-        None,
-    )?;
+    create_model_token(c, INFERENCE_NS)?;
 
     // The example as rendered by kustomize, adapted to this cluster like the loop's.
     let (deployment, scaled_object) =
@@ -203,21 +175,4 @@ async fn stream_requests(admin: &binary::AdminApi) -> Result<f64> {
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum())
-}
-
-async fn wait_condition(
-    c: &Cluster,
-    scaled_objects: &Api<DynamicObject>,
-    kind: &str,
-    want: &str,
-) -> Result<()> {
-    wait::until(&format!("ScaledObject {kind}={want}"), STEP, || async {
-        c.check_processes()?;
-        let so = scaled_objects.get(SCALED_OBJECT).await?;
-        Ok(match condition(&so, kind) {
-            Some((status, _)) if status == want => Check::Done(()),
-            other => Check::Pending(format!("{kind} {other:?}")),
-        })
-    })
-    .await
 }

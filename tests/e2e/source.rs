@@ -13,6 +13,9 @@ use serde_json::Value;
 use crate::process::{Process, free_port};
 use crate::wait::{self, Check};
 
+#[path = "../support/prometheus_bin.rs"]
+mod prometheus_bin;
+
 #[path = "../scaler/emulator.rs"]
 #[allow(dead_code)] // the e2e scenarios use only part of the emulator
 pub(crate) mod emulator;
@@ -20,20 +23,15 @@ pub(crate) mod emulator;
 /// Deadline of each wait; far above the seconds Prometheus needs, for a loaded 2-core machine.
 const STEP: Duration = Duration::from_secs(120);
 
-/// Debian's `prometheus`: `NIGHTSHIFT_PROMETHEUS_BIN`, else on PATH.
+/// Debian's `prometheus`: `NIGHTSHIFT_PROMETHEUS_BIN`, else on PATH; an error saying how to get
+/// it when there is none.
 pub(crate) fn find_prometheus() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("NIGHTSHIFT_PROMETHEUS_BIN").filter(|p| !p.is_empty()) {
-        return Ok(PathBuf::from(p));
-    }
-    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .map(|d| d.join("prometheus"))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            anyhow!(
-                "prometheus not found: install Debian's `prometheus` (`bash .ci/test` does) or set \
-                 NIGHTSHIFT_PROMETHEUS_BIN"
-            )
-        })
+    prometheus_bin::prometheus_bin().ok_or_else(|| {
+        anyhow!(
+            "prometheus not found: install Debian's `prometheus` (`bash .ci/test` does) or set \
+             NIGHTSHIFT_PROMETHEUS_BIN"
+        )
+    })
 }
 
 /// A real Prometheus scraping the emulator every second, labelling its series as a pod of the

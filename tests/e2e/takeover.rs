@@ -245,10 +245,7 @@ async fn admit(c: &Cluster, n: usize) -> Result<Admitted> {
         let pod: Pod = serde_json::from_value(admission::research_pod(&format!("probe-{i}"), &[]))?;
         match pods.create(&dry, &pod).await {
             Ok(p) => {
-                let class = p
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.priority_class_name.as_deref());
+                let class = admission::priority_class(&p);
                 if class != Some(RESEARCH_CLASS) {
                     return Err(anyhow!(
                         "a research pod was admitted unmarked (priority class {class:?})"

@@ -8,5 +8,7 @@ mod harness;
 mod limits;
 mod logs;
 mod policy;
+#[path = "../support/prometheus_bin.rs"]
+mod prometheus_bin;
 mod real_prometheus;
 mod tls;

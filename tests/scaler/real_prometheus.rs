@@ -15,15 +15,6 @@ use crate::{
     harness::{ScalerUnderTest, eventually, get_metrics, scaled_object},
 };
 
-fn prometheus_bin() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("NIGHTSHIFT_PROMETHEUS_BIN").filter(|p| !p.is_empty()) {
-        return Some(PathBuf::from(p));
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join("prometheus"))
-        .find(|p| p.is_file())
-}
-
 /// A Prometheus child process, killed on drop.
 struct Prometheus {
     child: Option<Child>,
@@ -119,7 +110,7 @@ impl Prometheus {
 
 #[tokio::test]
 async fn demand_follows_load_through_prometheus_and_errors_while_it_is_down() {
-    let Some(bin) = prometheus_bin() else {
+    let Some(bin) = crate::prometheus_bin::prometheus_bin() else {
         assert!(
             std::env::var_os("CI").is_none(),
             "prometheus binary not found: run `bash .ci/test`, which installs it"

@@ -4,6 +4,8 @@
 
 mod browser;
 mod prometheus;
+#[path = "../support/prometheus_bin.rs"]
+mod prometheus_bin;
 
 use std::sync::{Arc, Mutex};
 

@@ -5,7 +5,7 @@
 //! Then the ways a Prometheus fails: down, hung, answering garbage or impossible values.
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -30,15 +30,6 @@ use nightshift::{
 const START: Duration = Duration::from_secs(60);
 /// Minutes of history written.
 const MINUTES: i64 = 180;
-
-fn prometheus_bin() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("NIGHTSHIFT_PROMETHEUS_BIN").filter(|p| !p.is_empty()) {
-        return Some(PathBuf::from(p));
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join("prometheus"))
-        .find(|p| p.is_file())
-}
 
 /// A Prometheus child process over a data directory, killed on drop.
 struct Prometheus {
@@ -147,7 +138,7 @@ fn empty_controller() -> Arc<Mutex<Controller>> {
 
 #[tokio::test]
 async fn the_history_is_rebuilt_from_nightshifts_metrics_in_a_real_prometheus() {
-    let Some(bin) = prometheus_bin() else {
+    let Some(bin) = crate::prometheus_bin::prometheus_bin() else {
         eprintln!("skipped: prometheus not installed (apt-get install prometheus)");
         return;
     };
