@@ -9,7 +9,7 @@ use libfuzzer_sys::fuzz_target;
 use nightshift::webhook::{
     mutate::{MutationPolicy, PriorityClassInfo, SparePlacement, mutate},
     pod_fields::AdmittedPod,
-    review::parse,
+    review::{parse, pod_namespace},
 };
 use serde_json::Value;
 
@@ -48,12 +48,7 @@ fuzz_target!(|body: &[u8]| {
     let Ok(request) = parse(body) else { return };
     let Some(object) = request.object else { return };
     let pod = object.into_pod();
-    let Some(namespace) = request
-        .namespace
-        .as_deref()
-        .or(pod.metadata.namespace.as_deref())
-        .filter(|ns| !ns.is_empty())
-    else {
+    let Some(namespace) = pod_namespace(request.namespace.as_deref(), &pod) else {
         return;
     };
     // The object as sent: what the API server applies the patch to. The typed parse skips

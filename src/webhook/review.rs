@@ -202,12 +202,7 @@ impl Reviewer {
         let Some(pod) = object.as_ref() else {
             return Err(ReviewError::MissingObject { uid });
         };
-        let Some(namespace) = request
-            .namespace
-            .as_deref()
-            .or(pod.metadata.namespace.as_deref())
-            .filter(|ns| !ns.is_empty())
-        else {
+        let Some(namespace) = pod_namespace(request.namespace.as_deref(), pod) else {
             return Err(ReviewError::MissingNamespace { uid });
         };
         let labels = if self.policy.excluded_namespaces.contains(namespace) {
@@ -276,6 +271,17 @@ impl Reviewer {
             }
         }
     }
+}
+
+/// The namespace a reviewed pod is created in: the request's, else the object's own; `None`
+/// when neither names one.
+pub fn pod_namespace<'a>(
+    request_namespace: Option<&'a str>,
+    pod: &'a k8s_openapi::api::core::v1::Pod,
+) -> Option<&'a str> {
+    request_namespace
+        .or(pod.metadata.namespace.as_deref())
+        .filter(|ns| !ns.is_empty())
 }
 
 fn deny(response: AdmissionResponse, denial: &Denial) -> AdmissionResponse {
