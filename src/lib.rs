@@ -6,6 +6,8 @@
 //!
 //! - [`demand`]: the pure composite-demand math and the vLLM [`demand::Signal`]s, at the bottom:
 //!   it imports nothing of the crate; the scaler, the sources and the simulator build on it.
+//! - [`notice`]: the pure reclaim-notice decisions (when inference will need more replicas, and
+//!   which research pods the scheduler will preempt for them), beside [`demand`] at the bottom.
 //! - [`scaler`]: the KEDA external scaler (gRPC) that turns vLLM metrics into demand.
 //! - [`sources`]: where vLLM metrics come from (Prometheus, direct scrape of vLLM pods).
 //! - [`webhook`]: the mutating admission webhook that marks research pods.
@@ -26,6 +28,7 @@ pub mod cluster;
 pub mod demand;
 pub mod duration;
 pub mod listen;
+pub mod notice;
 pub mod pool;
 pub mod runtime;
 pub mod scaler;

@@ -232,6 +232,9 @@ pub struct ResearchConfig {
     /// `terminationGracePeriodSeconds` of research pods (Kubernetes default 30 s); the GPUs stay
     /// held, doing no saved work, until it ends.
     pub grace_period_s: f64,
+    /// Seconds a job needs to write a checkpoint when it gets a reclaim notice; it does no other
+    /// work meanwhile, and a preemption before it ends loses the checkpoint.
+    pub notice_checkpoint_s: f64,
 }
 
 impl Default for ResearchConfig {
@@ -241,6 +244,9 @@ impl Default for ResearchConfig {
             job_hours: 6.0,
             checkpoint_interval_s: 1800.0,
             grace_period_s: 30.0,
+            // Two minutes: a sharded checkpoint of a mid-size model to fast storage; more than
+            // the grace period, which is why a notice helps at all.
+            notice_checkpoint_s: 120.0,
         }
     }
 }
@@ -346,6 +352,12 @@ pub struct NightshiftConfig {
     pub rate_window_s: f64,
     /// GPUs kept free of research so that a scale-up rarely waits for a preemption.
     pub headroom_gpus: u32,
+    /// Reclaim notice (the "nightshift + notice" policy): the window whose demand peak is
+    /// watched, how close that peak (replicas) must come to the next replica for its victims to
+    /// be warned, and how much further it must fall for the notice to be withdrawn.
+    pub notice_window_s: f64,
+    pub notice_margin: f64,
+    pub notice_hysteresis: f64,
 }
 
 impl NightshiftConfig {
@@ -375,6 +387,11 @@ impl Default for NightshiftConfig {
             source: MetricSource::Scrape,
             rate_window_s: 30.0,
             headroom_gpus: 0,
+            // Tuned on the default scenario: half a replica ahead leaves most ramps minutes of
+            // lead for a two-minute checkpoint; 0.25 back keeps a flapping queue from flapping.
+            notice_window_s: 600.0,
+            notice_margin: 0.5,
+            notice_hysteresis: 0.25,
         }
     }
 }
@@ -446,6 +463,22 @@ impl Scenario {
                 self.autoscaling.scale_down_window_s,
             ),
             ("research.grace_period_s", self.research.grace_period_s),
+            (
+                "research.notice_checkpoint_s",
+                self.research.notice_checkpoint_s,
+            ),
+            (
+                "policies.nightshift.notice_window_s",
+                self.policies.nightshift.notice_window_s,
+            ),
+            (
+                "policies.nightshift.notice_margin",
+                self.policies.nightshift.notice_margin,
+            ),
+            (
+                "policies.nightshift.notice_hysteresis",
+                self.policies.nightshift.notice_hysteresis,
+            ),
         ];
         for (name, v) in non_negative {
             if !(v.is_finite() && v >= 0.0) {

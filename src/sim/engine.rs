@@ -17,6 +17,7 @@ use super::{
     trace::{Arrivals, Envelope, Trace},
 };
 use crate::demand::{self, Decision, PerSignal, Totals};
+use crate::notice::{NoticePolicy, Watch};
 
 /// Queue waits and TTFTs are kept in 1 ms buckets up to this many seconds (beyond: one bucket).
 const HIST_SPAN_S: f64 = 600.0;
@@ -208,6 +209,18 @@ pub struct RunSummary {
     /// Times the live demand code was called (nightshift only) and how many calls failed.
     pub demand_calls: u64,
     pub demand_errors: u64,
+    /// Reclaim notices given and withdrawn (a withdrawn notice cost a checkpoint for nothing).
+    pub notices: u64,
+    pub notices_withdrawn: u64,
+    /// Preemptions after the notice's checkpoint was written, during it, and without notice.
+    pub preempted_after_checkpoint: u64,
+    pub preempted_during_checkpoint: u64,
+    pub preempted_without_notice: u64,
+    /// Seconds from notice to preemption (preempted jobs that had a notice).
+    pub notice_lead_p50_s: f64,
+    pub notice_lead_p99_s: f64,
+    /// GPU-hours spent writing notice checkpoints (part of the lost GPU-hours).
+    pub notice_checkpoint_gpu_hours: f64,
 }
 
 impl RunSummary {
@@ -236,6 +249,14 @@ impl RunSummary {
             rejected: 0,
             demand_calls: 0,
             demand_errors: 0,
+            notices: 0,
+            notices_withdrawn: 0,
+            preempted_after_checkpoint: 0,
+            preempted_during_checkpoint: 0,
+            preempted_without_notice: 0,
+            notice_lead_p50_s: 0.0,
+            notice_lead_p99_s: 0.0,
+            notice_checkpoint_gpu_hours: 0.0,
         }
     }
 }
@@ -312,6 +333,11 @@ struct PolicyRun<'a> {
     next_poll: f64,
     cached_value: Option<f64>,
 
+    /// Reclaim notices (the notice policy only): the policy and the service's notice state,
+    /// and the demand read since the last notice decision.
+    notice: Option<(NoticePolicy, Watch)>,
+    fresh_demand: Option<f64>,
+
     result: RunSummary,
     decisions: Vec<(Totals, Decision)>,
     timeline: Vec<MinutePoint>,
@@ -346,7 +372,7 @@ impl<'a> PolicyRun<'a> {
             steps: (end / dt).ceil() as u64,
             steps_per_minute: (60.0 / dt).max(1.0),
             targets: ns.targets(),
-            headroom: if policy == ScalingPolicy::Nightshift {
+            headroom: if policy.is_nightshift() {
                 ns.headroom_gpus
             } else {
                 0
@@ -366,6 +392,17 @@ impl<'a> PolicyRun<'a> {
             next_sync: sc.autoscaling.hpa_sync_s,
             next_poll: 0.0,
             cached_value: None,
+            notice: (policy == ScalingPolicy::NightshiftNotice).then(|| {
+                (
+                    NoticePolicy {
+                        window_s: ns.notice_window_s,
+                        margin: ns.notice_margin,
+                        hysteresis: ns.notice_hysteresis,
+                    },
+                    Watch::default(),
+                )
+            }),
+            fresh_demand: None,
             result: RunSummary::new(policy),
             decisions: Vec::new(),
             timeline: Vec::with_capacity((end / 60.0).ceil() as usize),
@@ -384,6 +421,7 @@ impl<'a> PolicyRun<'a> {
         self.sample_metrics(t1);
         let current = self.non_draining_pods();
         self.decide_replicas(t1, current);
+        self.give_notices(t1, current);
         self.converge(t1, current);
         self.schedule_pending(t1);
         // Research takes what is left.
@@ -483,6 +521,22 @@ impl<'a> PolicyRun<'a> {
         }
     }
 
+    /// The notice policy: on each fresh demand, the research the next replicas would displace
+    /// is warned (and warnings no longer due are withdrawn), with the live decision code.
+    fn give_notices(&mut self, t1: f64, current: u32) {
+        let Some((policy, watch)) = self.notice.as_mut() else {
+            return;
+        };
+        let Some(demand) = self.fresh_demand.take() else {
+            return;
+        };
+        let extra = policy.update(watch, t1, demand, current);
+        if std::env::var_os("NS_DEBUG").is_some() {
+            eprintln!("g t={t1} demand={demand:.2} current={current} extra={extra}");
+        }
+        self.pool.notice(t1, extra, self.gpr);
+    }
+
     /// KEDA polls the metric (when its cache is on) and the HPA syncs, each on its own period.
     fn autoscale(&mut self, t1: f64, current: u32) {
         let sc = self.sc;
@@ -526,6 +580,7 @@ impl<'a> PolicyRun<'a> {
                 self.result.demand_calls += 1;
                 match policy::nightshift_metric(&totals, &self.targets) {
                     Ok((decision, value)) => {
+                        self.fresh_demand = Some(decision.replicas);
                         if self.record_decisions {
                             self.decisions.push((totals, decision));
                         }
@@ -670,6 +725,18 @@ impl<'a> PolicyRun<'a> {
         };
         result.preemptions = stats.preemptions;
         result.completed_jobs = stats.completed_jobs;
+        result.notices = stats.notices;
+        result.notices_withdrawn = stats.notices_withdrawn;
+        result.preempted_after_checkpoint = stats.preempted_after_checkpoint;
+        result.preempted_during_checkpoint = stats.preempted_during_checkpoint;
+        result.preempted_without_notice = stats.preemptions
+            - stats.preempted_after_checkpoint
+            - stats.preempted_during_checkpoint;
+        let mut leads = stats.lead_times_s;
+        leads.sort_by(f64::total_cmp);
+        result.notice_lead_p50_s = quantile(&leads, 0.5);
+        result.notice_lead_p99_s = quantile(&leads, 0.99);
+        result.notice_checkpoint_gpu_hours = stats.notice_checkpoint_gpu_s / 3600.0;
         result.inference_gpu_hours = inference_gpu_s / 3600.0;
         result.queue_wait_p50_s = rec.waits.quantile(0.5);
         result.queue_wait_p99_s = rec.waits.quantile(0.99);
@@ -693,6 +760,15 @@ impl<'a> PolicyRun<'a> {
     }
 }
 
+/// The `q` quantile of sorted `values` (nearest rank; 0 when empty).
+fn quantile(values: &[f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
+    values[rank - 1]
+}
+
 /// Replicas a fixed-schedule policy runs at `t` (`None`: the policy autoscales).
 fn fixed_replicas(policy: ScalingPolicy, sc: &Scenario, t: f64) -> Option<u32> {
     match policy {
@@ -700,7 +776,9 @@ fn fixed_replicas(policy: ScalingPolicy, sc: &Scenario, t: f64) -> Option<u32> {
         ScalingPolicy::NightWindow => {
             Some(policy::night_window_replicas(&sc.policies.night_window, t))
         }
-        ScalingPolicy::KedaPrometheus | ScalingPolicy::Nightshift => None,
+        ScalingPolicy::KedaPrometheus
+        | ScalingPolicy::Nightshift
+        | ScalingPolicy::NightshiftNotice => None,
     }
 }
 

@@ -20,15 +20,26 @@ pub enum ScalingPolicy {
     NightWindow,
     KedaPrometheus,
     Nightshift,
+    /// nightshift with reclaim notices: the same scaling, research warned before preemption.
+    NightshiftNotice,
 }
 
 impl ScalingPolicy {
-    pub const ALL: [ScalingPolicy; 4] = [
+    pub const ALL: [ScalingPolicy; 5] = [
         ScalingPolicy::StaticPeak,
         ScalingPolicy::NightWindow,
         ScalingPolicy::KedaPrometheus,
         ScalingPolicy::Nightshift,
+        ScalingPolicy::NightshiftNotice,
     ];
+
+    /// Whether the policy scales on nightshift's demand (and lends with its headroom).
+    pub fn is_nightshift(self) -> bool {
+        matches!(
+            self,
+            ScalingPolicy::Nightshift | ScalingPolicy::NightshiftNotice
+        )
+    }
 
     pub fn label(self) -> &'static str {
         match self {
@@ -36,6 +47,7 @@ impl ScalingPolicy {
             ScalingPolicy::NightWindow => "night window",
             ScalingPolicy::KedaPrometheus => "KEDA prometheus waiting",
             ScalingPolicy::Nightshift => "nightshift",
+            ScalingPolicy::NightshiftNotice => "nightshift + reclaim notice",
         }
     }
 }

@@ -1,15 +1,19 @@
 //! The simulated GPU pool: nodes × GPUs shared by inference replicas and research jobs.
 //!
 //! Inference pods are placed first; when no node has room, research jobs are preempted the way
-//! the kube-scheduler does it (pick one node, evict the fewest victims, wait out their grace
-//! period). Research jobs fill what is left (minus a headroom), checkpoint periodically and lose
-//! the work since their last checkpoint when preempted. Owns GPU and research accounting only.
+//! the kube-scheduler does it ([`crate::notice::place`]: the node with the fewest victims, the
+//! most recently started leave; their grace period is waited out). Research jobs fill what is
+//! left (minus a headroom), checkpoint periodically and lose the work since their last checkpoint
+//! when preempted. With reclaim notices ([`Pool::notice`], the same victim prediction), the jobs
+//! the next replicas will displace write a checkpoint first. Owns GPU and research accounting
+//! only.
 
 use std::collections::VecDeque;
 
 use serde::Serialize;
 
 use super::config::ResearchConfig;
+use crate::notice::{self, Candidate, NodeRoom};
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Node {
@@ -33,12 +37,28 @@ impl Node {
 
 #[derive(Clone, Copy, Debug)]
 struct Job {
+    /// Unique for the run (victim predictions name jobs by it).
+    id: u64,
     node: usize,
     gpus: u32,
+    /// When it started on its node (the scheduler preempts the most recent first).
+    started: f64,
     /// Seconds of work done (saved or not).
     progress: f64,
+    /// Progress saved by a checkpoint written on a reclaim notice.
+    notice_saved: f64,
+    /// The reclaim notice it holds, if any.
+    notice: Option<JobNotice>,
     /// When preempted: the time its grace period ends.
     leaves_at: Option<f64>,
+}
+
+/// A reclaim notice given to a job: it writes a checkpoint of `progress` until `done_at`.
+#[derive(Clone, Copy, Debug)]
+struct JobNotice {
+    at: f64,
+    done_at: f64,
+    progress: f64,
 }
 
 /// Where an inference pod goes.
@@ -53,7 +73,7 @@ pub enum Placement {
 }
 
 /// Research totals, in GPU-seconds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ResearchStats {
     /// GPU-seconds held by research pods (running or in their grace period).
@@ -62,6 +82,19 @@ pub struct ResearchStats {
     pub lost_gpu_s: f64,
     pub preemptions: u64,
     pub completed_jobs: u64,
+    /// Reclaim notices given, and of them withdrawn (demand fell back first).
+    pub notices: u64,
+    pub notices_withdrawn: u64,
+    /// Preemptions of jobs whose notice checkpoint was written; of jobs whose notice came too
+    /// late to finish it.
+    pub preempted_after_checkpoint: u64,
+    pub preempted_during_checkpoint: u64,
+    /// GPU-seconds jobs spent writing notice checkpoints (no training meanwhile); included in
+    /// `lost_gpu_s`.
+    pub notice_checkpoint_gpu_s: f64,
+    /// Seconds from notice to preemption, for every preempted job that had one.
+    #[serde(skip)]
+    pub lead_times_s: Vec<f64>,
 }
 
 /// The pool's state.
@@ -72,6 +105,7 @@ pub struct Pool {
     /// Progress of preempted jobs, resumed first (from their checkpoint).
     resume: VecDeque<f64>,
     research: ResearchConfig,
+    next_id: u64,
     pub stats: ResearchStats,
 }
 
@@ -87,6 +121,7 @@ impl Pool {
             jobs: Vec::new(),
             resume: VecDeque::new(),
             research,
+            next_id: 0,
             stats: ResearchStats::default(),
         }
     }
@@ -119,57 +154,83 @@ impl Pool {
             self.nodes[n].inference += gpus;
             return Placement::Bound(n);
         }
-        // Preemption: the node needing the fewest victims, then the least lost work.
-        let mut best: Option<(usize, Vec<usize>, f64)> = None;
-        for (n, node) in self.nodes.iter().enumerate() {
-            let leaving = node.terminating;
-            let room = (node.free() + leaving).saturating_sub(node.claimed);
-            if room >= gpus {
-                // Victims already leaving make room: no new preemption.
-                best = Some((n, Vec::new(), 0.0));
-                break;
-            }
-            let mut candidates: Vec<usize> = self
-                .jobs
-                .iter()
-                .enumerate()
-                .filter(|(_, j)| j.node == n && j.leaves_at.is_none())
-                .map(|(i, _)| i)
-                .collect();
-            candidates.sort_by(|a, b| {
-                self.unsaved(&self.jobs[*a])
-                    .total_cmp(&self.unsaved(&self.jobs[*b]))
-            });
-            let mut got = room;
-            let mut victims = Vec::new();
-            let mut loss = 0.0;
-            for i in candidates {
-                if got >= gpus {
-                    break;
-                }
-                got += self.jobs[i].gpus;
-                loss += self.unsaved(&self.jobs[i]);
-                victims.push(i);
-            }
-            if got < gpus {
-                continue;
-            }
-            let better = match &best {
-                None => true,
-                Some((_, v, l)) => (victims.len(), loss) < (v.len(), *l),
-            };
-            if better {
-                best = Some((n, victims, loss));
-            }
+        // Victims already leaving a node make room there: no new preemption.
+        if let Some(n) = (0..self.nodes.len()).find(|&n| self.room(n) >= gpus) {
+            self.nodes[n].claimed += gpus;
+            return Placement::Nominated(n);
         }
-        let Some((n, victims, _)) = best else {
+        let mut rooms = self.rooms();
+        let Some(placed) = notice::place(&mut rooms, gpus) else {
             return Placement::Unschedulable;
         };
-        for i in victims {
-            self.preempt(i, now);
+        for id in placed.victims {
+            if let Some(i) = self.jobs.iter().position(|j| j.id == id) {
+                self.preempt(i, now);
+            }
         }
-        self.nodes[n].claimed += gpus;
-        Placement::Nominated(n)
+        self.nodes[placed.node].claimed += gpus;
+        Placement::Nominated(placed.node)
+    }
+
+    /// GPUs of node `n` an inference pod can have once the pods leaving it are gone and the
+    /// pods nominated to it have theirs.
+    fn room(&self, n: usize) -> u32 {
+        let node = &self.nodes[n];
+        (node.free() + node.terminating).saturating_sub(node.claimed)
+    }
+
+    /// The pool as the scheduler weighs it for preemption: each node's room and its running
+    /// research jobs.
+    fn rooms(&self) -> Vec<NodeRoom<u64>> {
+        let mut rooms: Vec<NodeRoom<u64>> = (0..self.nodes.len())
+            .map(|n| NodeRoom {
+                free: self.room(n),
+                research: Vec::new(),
+            })
+            .collect();
+        for j in self.jobs.iter().filter(|j| j.leaves_at.is_none()) {
+            rooms[j.node].research.push(Candidate {
+                id: j.id,
+                gpus: j.gpus,
+                started: j.started,
+            });
+        }
+        rooms
+    }
+
+    /// Reclaim notices for `replicas` more inference pods of `gpus` each: the jobs the scheduler
+    /// would preempt for them get a notice (and start a checkpoint); jobs holding a notice that
+    /// are no longer among them have it withdrawn.
+    pub fn notice(&mut self, now: f64, replicas: u32, gpus: u32) {
+        let mut rooms = self.rooms();
+        let victims = notice::predict_victims(&mut rooms, replicas, gpus);
+        if std::env::var_os("NS_DEBUG").is_some() {
+            let noticed: Vec<u64> = self.jobs.iter().filter(|j| j.notice.is_some() && j.leaves_at.is_none()).map(|j| j.id).collect();
+            eprintln!("t={now} replicas={replicas} victims={victims:?} noticed={noticed:?}");
+        }
+        let checkpoint = self.research.notice_checkpoint_s;
+        for job in self.jobs.iter_mut().filter(|j| j.leaves_at.is_none()) {
+            let chosen = victims.contains(&job.id);
+            match (chosen, job.notice) {
+                (true, None) => {
+                    job.notice = Some(JobNotice {
+                        at: now,
+                        done_at: now + checkpoint,
+                        progress: job.progress,
+                    });
+                    self.stats.notices += 1;
+                }
+                (false, Some(n)) => {
+                    // A checkpoint already written stays on disk.
+                    if now >= n.done_at {
+                        job.notice_saved = job.notice_saved.max(n.progress);
+                    }
+                    job.notice = None;
+                    self.stats.notices_withdrawn += 1;
+                }
+                _ => {}
+            }
+        }
     }
 
     /// A nominated pod went away before binding: its claim is dropped.
@@ -182,20 +243,41 @@ impl Pool {
         self.nodes[node].inference = self.nodes[node].inference.saturating_sub(gpus);
     }
 
-    /// GPU-seconds of a job's work not yet checkpointed.
-    fn unsaved(&self, job: &Job) -> f64 {
+    /// Progress a job can resume from at `now`: its last periodic checkpoint or the checkpoint
+    /// written on a notice, whichever is later.
+    fn saved(&self, job: &Job, now: f64) -> f64 {
         let ci = self.research.checkpoint_interval_s;
-        (job.progress - (job.progress / ci).floor() * ci) * f64::from(job.gpus)
+        let periodic = (job.progress / ci).floor() * ci;
+        let noticed = match job.notice {
+            Some(n) if now >= n.done_at => n.progress,
+            _ => 0.0,
+        };
+        periodic.max(job.notice_saved).max(noticed)
     }
 
     fn preempt(&mut self, i: usize, now: f64) {
         let job = self.jobs[i];
-        let grace = self.research.grace_period_s;
-        let lost = self.unsaved(&job) + grace * f64::from(job.gpus);
+        let saved = self.saved(&job, now);
+        // A job whose notice checkpoint is written has nothing left to save: it exits on SIGTERM
+        // at once instead of holding its GPUs for the grace period.
+        let checkpointed = job.notice.is_some_and(|n| now >= n.done_at);
+        let grace = if checkpointed {
+            0.0
+        } else {
+            self.research.grace_period_s
+        };
+        let lost = (job.progress - saved) * f64::from(job.gpus) + grace * f64::from(job.gpus);
         self.stats.lost_gpu_s += lost;
         self.stats.preemptions += 1;
-        let ci = self.research.checkpoint_interval_s;
-        self.resume.push_back((job.progress / ci).floor() * ci);
+        if let Some(n) = job.notice {
+            self.stats.lead_times_s.push(now - n.at);
+            if now >= n.done_at {
+                self.stats.preempted_after_checkpoint += 1;
+            } else {
+                self.stats.preempted_during_checkpoint += 1;
+            }
+        }
+        self.resume.push_back(saved);
         let node = &mut self.nodes[job.node];
         node.research -= job.gpus;
         node.terminating += job.gpus;
@@ -219,7 +301,14 @@ impl Pool {
                 }
                 Some(_) => {}
                 None => {
-                    job.progress += dt;
+                    // Writing a notice checkpoint: no training meanwhile.
+                    let writing = job.notice.is_some_and(|n| now - dt < n.done_at);
+                    if writing {
+                        self.stats.notice_checkpoint_gpu_s += dt * f64::from(job.gpus);
+                        self.stats.lost_gpu_s += dt * f64::from(job.gpus);
+                    } else {
+                        job.progress += dt;
+                    }
                     if job.progress >= duration {
                         node.research -= job.gpus;
                         self.stats.completed_jobs += 1;
@@ -231,7 +320,13 @@ impl Pool {
             i += 1;
         }
         let g = self.research.gpus_per_job;
+        // While a notice is out nothing more is lent: any job started now would be the newest,
+        // hence the scheduler's first victim in place of the warned one.
+        let warned = self.jobs.iter().any(|j| j.notice.is_some());
         loop {
+            if warned {
+                break;
+            }
             let free: u32 = self.nodes.iter().map(Node::unclaimed).sum();
             if free < g + headroom {
                 break;
@@ -245,10 +340,15 @@ impl Pool {
             };
             self.nodes[n].research += g;
             let progress = self.resume.pop_front().unwrap_or(0.0);
+            self.next_id += 1;
             self.jobs.push(Job {
+                id: self.next_id,
                 node: n,
                 gpus: g,
+                started: now,
                 progress,
+                notice_saved: progress,
+                notice: None,
                 leaves_at: None,
             });
         }

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::engine::{MinutePoint, RunSummary};
+use super::policy::ScalingPolicy;
 
 /// The whole comparison.
 #[derive(Clone, Debug, Serialize)]
@@ -41,7 +42,7 @@ pub fn table(r: &Report) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<24} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7}",
+        "{:<28} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7}",
         "policy",
         "lent GPUh",
         "harvest",
@@ -59,7 +60,7 @@ pub fn table(r: &Report) -> String {
     for p in &r.policies {
         let _ = writeln!(
             out,
-            "{:<24} {:>9.0} {:>7.1}% {:>9.1} {:>8} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.2}% {:>9} {:>8} {:>7}",
+            "{:<28} {:>9.0} {:>7.1}% {:>9.1} {:>8} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.2}% {:>9} {:>8} {:>7}",
             p.label,
             p.lent_gpu_hours,
             p.harvest_share * 100.0,
@@ -75,6 +76,43 @@ pub fn table(r: &Report) -> String {
             p.unserved
         );
     }
+    out.push_str(&notice_lines(r));
+    out
+}
+
+/// What reclaim notices did, against the same scaling without them.
+fn notice_lines(r: &Report) -> String {
+    let mut out = String::new();
+    let find = |policy| r.policies.iter().find(|p| p.policy == policy);
+    let (Some(plain), Some(noticed)) = (
+        find(ScalingPolicy::Nightshift),
+        find(ScalingPolicy::NightshiftNotice),
+    ) else {
+        return out;
+    };
+    let cut = if plain.lost_gpu_hours > 0.0 {
+        (1.0 - noticed.lost_gpu_hours / plain.lost_gpu_hours) * 100.0
+    } else {
+        0.0
+    };
+    let _ = writeln!(
+        out,
+        "reclaim notice: lost {:.1} → {:.1} GPU-h ({cut:.0} % less; {:.1} GPU-h of it writing notice \
+         checkpoints); {} notices, {} withdrawn; {} preemptions after the checkpoint, {} during \
+         it, {} without notice; lead time p50 {:.0} s, p99 {:.0} s; SLO minutes {:.2} % → {:.2} %",
+        plain.lost_gpu_hours,
+        noticed.lost_gpu_hours,
+        noticed.notice_checkpoint_gpu_hours,
+        noticed.notices,
+        noticed.notices_withdrawn,
+        noticed.preempted_after_checkpoint,
+        noticed.preempted_during_checkpoint,
+        noticed.preempted_without_notice,
+        noticed.notice_lead_p50_s,
+        noticed.notice_lead_p99_s,
+        plain.minutes_within_slo_share * 100.0,
+        noticed.minutes_within_slo_share * 100.0,
+    );
     out
 }
 
