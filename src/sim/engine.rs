@@ -531,9 +531,6 @@ impl<'a> PolicyRun<'a> {
             return;
         };
         let extra = policy.update(watch, t1, demand, current);
-        if std::env::var_os("NS_DEBUG").is_some() {
-            eprintln!("g t={t1} demand={demand:.2} current={current} extra={extra}");
-        }
         self.pool.notice(t1, extra, self.gpr);
     }
 

@@ -204,10 +204,6 @@ impl Pool {
     pub fn notice(&mut self, now: f64, replicas: u32, gpus: u32) {
         let mut rooms = self.rooms();
         let victims = notice::predict_victims(&mut rooms, replicas, gpus);
-        if std::env::var_os("NS_DEBUG").is_some() {
-            let noticed: Vec<u64> = self.jobs.iter().filter(|j| j.notice.is_some() && j.leaves_at.is_none()).map(|j| j.id).collect();
-            eprintln!("t={now} replicas={replicas} victims={victims:?} noticed={noticed:?}");
-        }
         let checkpoint = self.research.notice_checkpoint_s;
         for job in self.jobs.iter_mut().filter(|j| j.leaves_at.is_none()) {
             let chosen = victims.contains(&job.id);
