@@ -29,6 +29,19 @@ pub struct NoticePolicy {
     pub hysteresis: f64,
 }
 
+impl Default for NoticePolicy {
+    /// The settings the live controller and the simulator start from (tuned on the simulator's
+    /// default scenario, see docs/simulator.md): a ten-minute window of demand peaks, a notice
+    /// half a replica ahead, withdrawn a quarter replica further back.
+    fn default() -> Self {
+        Self {
+            window_s: 600.0,
+            margin: 0.5,
+            hysteresis: 0.25,
+        }
+    }
+}
+
 /// A service's notice state: recent demand, and the replica count its notices cover (0: none
 /// given yet).
 #[derive(Clone, Debug, Default, PartialEq)]

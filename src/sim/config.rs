@@ -387,11 +387,10 @@ impl Default for NightshiftConfig {
             source: MetricSource::Scrape,
             rate_window_s: 30.0,
             headroom_gpus: 0,
-            // Tuned on the default scenario: half a replica ahead leaves most ramps minutes of
-            // lead for a two-minute checkpoint; 0.25 back keeps a flapping queue from flapping.
-            notice_window_s: 600.0,
-            notice_margin: 0.5,
-            notice_hysteresis: 0.25,
+            // The live controller's defaults (one decision code for both).
+            notice_window_s: crate::notice::NoticePolicy::default().window_s,
+            notice_margin: crate::notice::NoticePolicy::default().margin,
+            notice_hysteresis: crate::notice::NoticePolicy::default().hysteresis,
         }
     }
 }
