@@ -1,15 +1,19 @@
 //! The command line: one [`Cli`] with a subcommand per way of running nightshift. Every flag is
 //! also an environment variable. Components own their option groups; this module flattens them.
 
-use std::{process::ExitCode, time::Duration};
+use std::{collections::HashMap, process::ExitCode, sync::Arc, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
+use futures::future::BoxFuture;
 
 use crate::{
     admin::AdminArgs,
     cluster,
     duration::parse_duration,
-    pool::{self, PoolArgs, StatusArgs},
+    pool::{
+        self, PoolArgs, StatusArgs,
+        deliver::{DemandSource, Evaluated},
+    },
     runtime::Context,
     scaler::{self, ScalerArgs},
     sim::SimArgs,
@@ -306,22 +310,46 @@ async fn run_components(components: Components) -> anyhow::Result<()> {
         anyhow::bail!("{why}: set KUBECONFIG or run in a pod");
     }
     let mut ctx = Context::new(kube);
-    let decisions = match scaler {
+    let scaler = match scaler {
         Some(args) => Some(scaler::start(args, &mut ctx).await?),
         None => None,
     };
+    let decisions = scaler.as_ref().map(|s| s.decisions().clone());
+    let demand = scaler.map(|s| Arc::new(ScalerDemand(s)) as Arc<dyn DemandSource>);
     if let Some((vocabulary, webhook, pool)) = named {
         if let Some(args) = webhook {
             webhook::start(args, &vocabulary, &mut ctx).await?;
         }
         if let Some((args, view_args)) = pool {
-            match pool::run::start(args, vocabulary, &mut ctx).await? {
+            match pool::run::start(args, vocabulary, demand, &mut ctx).await? {
                 Some(controller) => view::start(view_args, controller, decisions, &mut ctx).await?,
                 None => tracing::warn!("no Kubernetes cluster: the researchers' view is off"),
             }
         }
     }
     ctx.serve(admin.admin_addr, shutdown.drain_timeout).await
+}
+
+/// The scaler of this process as the pool's demand source for reclaim notices: the same
+/// evaluation (and source policy) as KEDA's calls, so a notice follows the demand KEDA acts on.
+struct ScalerDemand(Arc<scaler::Scaler>);
+
+impl DemandSource for ScalerDemand {
+    fn evaluate(
+        &self,
+        namespace: String,
+        name: String,
+        metadata: HashMap<String, String>,
+    ) -> BoxFuture<'static, Evaluated> {
+        let scaler = self.0.clone();
+        Box::pin(async move {
+            match scaler.evaluate(&namespace, &name, &metadata).await {
+                Ok(e) => Evaluated::Demand(e.replicas),
+                Err(scaler::Error::Metadata(_) | scaler::Error::Denied(_)) => Evaluated::NotOurs,
+                Err(_) => Evaluated::Failed,
+            }
+        })
+    }
 }
 
 /// `nightshift status`: prints the report.

@@ -36,6 +36,18 @@ pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// is not lost when the pod is preempted. Without it, everything since the pod started counts as
 /// lost.
 pub const CHECKPOINTED_AT_ANNOTATION: &str = "nightshift.io/checkpointed-at";
+/// Annotation the pool controller sets on a research pod it warns of a coming reclaim: the
+/// RFC 3339 time of the notice. Removed when the notice is withdrawn.
+pub const RECLAIM_NOTICE_ANNOTATION: &str = "nightshift.io/reclaim-notice";
+/// Pod condition type of a reclaim notice: `True` while the notice holds, `False` once withdrawn.
+pub const RECLAIM_NOTICE_CONDITION: &str = "nightshift.io/ReclaimNotice";
+/// Annotation a research pod may set to a port of its own on which it takes a checkpoint
+/// request: the pool controller POSTs to it once per notice.
+pub const CHECKPOINT_PORT_ANNOTATION: &str = "nightshift.io/checkpoint-port";
+/// Annotation naming the path of that request ([`DEFAULT_CHECKPOINT_PATH`] without it).
+pub const CHECKPOINT_PATH_ANNOTATION: &str = "nightshift.io/checkpoint-path";
+/// Path of the checkpoint request when the pod names none.
+pub const DEFAULT_CHECKPOINT_PATH: &str = "/checkpoint";
 /// Value of the research, lent and spare labels when they are set.
 pub const TRUE: &str = "true";
 

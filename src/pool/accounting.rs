@@ -16,7 +16,10 @@ use k8s_openapi::api::core::v1::{Container, Node, Pod};
 use serde::{Deserialize, Serialize};
 
 use super::owner::{Owner, owner_of};
-use crate::vocabulary::{CHECKPOINTED_AT_ANNOTATION, TRUE, Vocabulary};
+use crate::vocabulary::{
+    CHECKPOINT_PATH_ANNOTATION, CHECKPOINT_PORT_ANNOTATION, CHECKPOINTED_AT_ANNOTATION,
+    DEFAULT_CHECKPOINT_PATH, RECLAIM_NOTICE_ANNOTATION, TRUE, Vocabulary,
+};
 
 /// What is known about one pool node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,6 +67,11 @@ pub struct PodFacts {
     pub started: Option<Timestamp>,
     /// `nightshift.io/checkpointed-at`, when the pod reports a readable one.
     pub checkpointed: Option<Timestamp>,
+    /// `nightshift.io/reclaim-notice`: when the pod was warned of a reclaim (research pods).
+    pub noticed: Option<Timestamp>,
+    /// Where the pod takes a checkpoint request (research pods that declare a port and have an
+    /// address).
+    pub hook: Option<Hook>,
     pub disruption: Option<Disruption>,
     /// The Job or Workflow controlling a research pod, told its pod's Events too (kept for
     /// research pods only: nothing is told about the others).
@@ -71,6 +79,42 @@ pub struct PodFacts {
     /// The node's slot in the [`Ledger`], assigned when the ledger takes the pod, so that a
     /// recount adds up without hashing node names.
     slot: Option<u32>,
+}
+
+/// A research pod's checkpoint endpoint: its own address, the port and path it declared.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hook {
+    pub ip: std::net::IpAddr,
+    pub port: u16,
+    pub path: String,
+}
+
+impl Hook {
+    /// The endpoint of `pod`, if it declares a port (`nightshift.io/checkpoint-port`, 1–65535)
+    /// and has an address. A path that does not start with `/` is refused (it would change the
+    /// authority of the URL); without one, [`DEFAULT_CHECKPOINT_PATH`].
+    pub fn of(pod: &Pod) -> Option<Self> {
+        let annotations = pod.metadata.annotations.as_ref()?;
+        let port: u16 = annotations
+            .get(CHECKPOINT_PORT_ANNOTATION)?
+            .trim()
+            .parse()
+            .ok()
+            .filter(|p| *p > 0)?;
+        let path = match annotations.get(CHECKPOINT_PATH_ANNOTATION) {
+            Some(p) if p.starts_with('/') && !p.contains(char::is_whitespace) => p.clone(),
+            Some(_) => return None,
+            None => DEFAULT_CHECKPOINT_PATH.to_string(),
+        };
+        let ip = pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
+        Some(Self { ip, port, path })
+    }
+
+    /// The URL the controller POSTs to.
+    pub fn url(&self) -> String {
+        let addr = std::net::SocketAddr::new(self.ip, self.port);
+        format!("http://{addr}{}", self.path)
+    }
 }
 
 impl PodFacts {
@@ -255,6 +299,11 @@ pub fn pod_facts(pod: &Pod, names: &Vocabulary) -> PodFacts {
             .as_ref()
             .and_then(|a| a.get(CHECKPOINTED_AT_ANNOTATION))
             .and_then(|v| v.trim().parse::<Timestamp>().ok()),
+        noticed: research
+            .then(|| meta.annotations.as_ref()?.get(RECLAIM_NOTICE_ANNOTATION))
+            .flatten()
+            .and_then(|v| v.trim().parse::<Timestamp>().ok()),
+        hook: if research { Hook::of(pod) } else { None },
         disruption: disruption(pod),
         owner: if research { owner_of(meta) } else { None },
         slot: None,
@@ -364,6 +413,9 @@ pub struct DisruptionRecord {
     /// The pod's UID, when the API server gave one (events name the pod by it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
+    /// When the pod was warned of the reclaim (`nightshift.io/reclaim-notice`), if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noticed: Option<Timestamp>,
     /// The pod's Job or Workflow, told of the disruption too; not part of `/status`.
     #[serde(skip)]
     pub owner: Option<Owner>,
@@ -647,6 +699,7 @@ impl DisruptionRecord {
                 .map(|secs| secs.saturating_mul(gpus)),
             // The key is the UID, or `namespace/name` without one (a UID never holds a `/`).
             uid: (!pod.key.contains('/')).then(|| pod.key.clone()),
+            noticed: pod.noticed.filter(|n| *n <= at),
             owner: pod.owner.clone(),
         }
     }

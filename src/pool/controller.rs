@@ -25,6 +25,7 @@ use super::{
     marks::{self, LabelPatch, Plan, Verdict},
     notices::{Digests, OwnerNotice, PodNotice},
     pending::{self, Repeats},
+    reclaim::{Change, Reclaim, ServiceDemand},
     status::{NamespaceStatus, NodeStatus, ResearchPod, StatusReport},
     windows::Windows,
 };
@@ -59,6 +60,16 @@ struct NamespaceLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NoticedLabel {
+    noticed: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: &'static str,
 }
@@ -80,6 +91,10 @@ pub struct Metrics {
     lending_open: Gauge,
     label_patches: Family<ResultLabel, Counter>,
     last_reconcile: Gauge,
+    notices: Family<OutcomeLabel, Counter>,
+    notices_out: Gauge,
+    notice_lead: Histogram,
+    preempted_noticed: Family<NoticedLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -102,6 +117,13 @@ impl Default for Metrics {
             lending_open: Gauge::default(),
             label_patches: Family::default(),
             last_reconcile: Gauge::default(),
+            notices: Family::default(),
+            notices_out: Gauge::default(),
+            // From seconds (a burst) to hours (a slow evening ramp): 5 s … ~3.6 h, ×3 per bucket.
+            notice_lead: Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(5.0, 3.0, 8),
+            ),
+            preempted_noticed: Family::default(),
         }
     }
 }
@@ -176,6 +198,27 @@ impl Metrics {
             self.lending_open.clone(),
         );
         registry.register(
+            "pool_reclaim_notices",
+            "Reclaim notices to research pods, by outcome: given, withdrawn (demand fell back), \
+             undelivered (the pod could not be annotated)",
+            self.notices.clone(),
+        );
+        registry.register(
+            "pool_reclaim_notices_out",
+            "Research pods under a reclaim notice now",
+            self.notices_out.clone(),
+        );
+        registry.register(
+            "pool_reclaim_notice_lead_seconds",
+            "Time from a research pod's reclaim notice to its preemption",
+            self.notice_lead.clone(),
+        );
+        registry.register(
+            "pool_preempted_research_pods",
+            "Research pods preempted by the scheduler, by whether they had a reclaim notice first",
+            self.preempted_noticed.clone(),
+        );
+        registry.register(
             "pool_label_patches",
             "Spare-mark label patches sent to the API server, by result",
             self.label_patches.clone(),
@@ -231,6 +274,8 @@ pub struct Controller {
     owners: Digests,
     /// Events for the owners of research pods, to publish (leader only).
     owner_notices: Vec<OwnerNotice>,
+    /// Reclaim notices: what each service's demand foretells, and who was told.
+    reclaim: Reclaim,
 }
 
 /// Most notices kept for publishing: the publisher drains them every reconcile pass, so this
@@ -269,7 +314,88 @@ impl Controller {
             waiting: Repeats::default(),
             owners: Digests::default(),
             owner_notices: Vec::new(),
+            reclaim: Reclaim::default(),
         }
+    }
+
+    /// Sets when reclaim notices are given and withdrawn.
+    pub fn set_notice_policy(&mut self, policy: crate::notice::NoticePolicy) {
+        self.reclaim = Reclaim::new(policy);
+    }
+
+    /// One reclaim-notice pass over the services' demand at `now` (leader only, once synced):
+    /// the notices to give and withdraw, each also queued as Events on the pod and its owner.
+    /// The nodes the next replicas are expected on stop being lent at the next reconcile.
+    pub fn notice_pass(&mut self, services: &[ServiceDemand], now: Timestamp) -> Vec<Change> {
+        if !self.leader || !self.synced() {
+            return Vec::new();
+        }
+        let changes = self.reclaim.pass(&self.ledger, services, now);
+        for c in &changes {
+            let owner = |ns: &str, name: &str| {
+                self.ledger
+                    .pods()
+                    .find(|p| p.namespace == ns && p.name == name)
+                    .and_then(|p| p.owner.clone())
+            };
+            let (n, outcome) = match c {
+                Change::Give {
+                    namespace,
+                    name,
+                    uid,
+                    service,
+                    hook,
+                    ..
+                } => {
+                    let who = (namespace.clone(), name.clone(), uid.clone());
+                    let owner = owner(namespace, name);
+                    (
+                        PodNotice::reclaim_notice(who, owner, service, hook.is_some()),
+                        "given",
+                    )
+                }
+                Change::Withdraw {
+                    namespace,
+                    name,
+                    uid,
+                } => {
+                    let who = (namespace.clone(), name.clone(), uid.clone());
+                    (
+                        PodNotice::notice_withdrawn(who, owner(namespace, name)),
+                        "withdrawn",
+                    )
+                }
+            };
+            tracing::info!(pod = %c.pod(), outcome, "reclaim notice");
+            self.metrics
+                .notices
+                .get_or_create(&OutcomeLabel { outcome })
+                .inc();
+            queue(&mut self.notices, &mut self.owners, n, now.as_second());
+        }
+        self.metrics
+            .notices_out
+            .set(i64::try_from(self.reclaim.given()).unwrap_or(i64::MAX));
+        changes
+    }
+
+    /// A notice could not be delivered (the annotation patch failed): it is given again at the
+    /// next pass.
+    pub fn notice_undelivered(&mut self, namespace: &str, name: &str) {
+        let key = self
+            .ledger
+            .pods()
+            .find(|p| p.namespace == namespace && p.name == name)
+            .map(|p| p.key.clone());
+        if let Some(key) = key {
+            self.reclaim.undelivered(&key);
+        }
+        self.metrics
+            .notices
+            .get_or_create(&OutcomeLabel {
+                outcome: "undelivered",
+            })
+            .inc();
     }
 
     pub fn ledger(&self) -> &Ledger {
@@ -443,6 +569,17 @@ impl Controller {
         if let Some(s) = r.ran_seconds {
             self.metrics.disrupted_runtime.observe(s as f64);
         }
+        if r.reason == "PreemptionByScheduler" {
+            let noticed = if r.noticed.is_some() { "true" } else { "false" };
+            self.metrics
+                .preempted_noticed
+                .get_or_create(&NoticedLabel { noticed })
+                .inc();
+            if let Some(at) = r.noticed {
+                let lead = r.at.duration_since(at).as_secs_f64();
+                self.metrics.notice_lead.observe(lead.max(0.0));
+            }
+        }
         let label = NamespaceLabel {
             namespace: r.namespace.clone(),
         };
@@ -473,8 +610,10 @@ impl Controller {
     /// Sets whether this replica leads (writes marks).
     pub fn set_leader(&mut self, leader: bool) {
         if !leader {
-            // What was gathered for owners is the new leader's to tell, not ours.
+            // What was gathered for owners is the new leader's to tell, not ours; so are the
+            // notices (the annotations stay, and the next leader adopts or withdraws them).
             self.owners.clear();
+            self.reclaim.clear();
         }
         self.leader = leader;
         self.metrics.leader.set(i64::from(leader));
@@ -489,6 +628,7 @@ impl Controller {
     pub fn reconcile(&mut self, now: Timestamp, instant: tokio::time::Instant) -> Vec<LabelPatch> {
         self.lending_open = self.policy.windows.open(now);
         self.plan = marks::plan(&self.ledger, self.policy.headroom, self.lending_open);
+        self.plan.hold_back(self.reclaim.reclaiming());
         let totals = self.ledger.totals();
         self.integrate_lent(totals.lent, self.ledger.lent_by_namespace(), instant);
         let set = |state: &'static str, v: u64| {

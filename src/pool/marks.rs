@@ -37,6 +37,8 @@ pub enum Verdict {
     Untrusted,
     /// Outside every lending window.
     WindowClosed,
+    /// Inference is expected to need the node's GPUs soon (a reclaim notice is out).
+    Reclaiming,
 }
 
 /// The decision for one node.
@@ -64,6 +66,17 @@ impl Plan {
 
     pub fn spare_gpus(&self) -> u64 {
         self.nodes.iter().filter_map(|n| n.spare_gpus).sum()
+    }
+
+    /// Stops lending on `nodes`, where inference's next replicas are expected: spare nodes
+    /// among them lose their marks, so no new research lands on GPUs about to be taken back.
+    pub fn hold_back(&mut self, nodes: &std::collections::BTreeSet<String>) {
+        for n in &mut self.nodes {
+            if n.verdict == Verdict::Spare && nodes.contains(&n.name) {
+                n.verdict = Verdict::Reclaiming;
+                n.spare_gpus = None;
+            }
+        }
     }
 }
 

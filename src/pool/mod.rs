@@ -6,9 +6,11 @@
 //! - [`controller`] (pure): the state machine between watch events and patches, plus metrics.
 //! - [`history`] (pure): GPUs by use over the last week, one sample a minute, for the view.
 //! - [`pending`] (pure): why a research pod waits for spare GPUs, and when to say it again.
+//! - [`reclaim`] (pure): which research pods to warn before inference takes their GPUs back.
 //! - [`owner`] (pure): the Job or Workflow that controls a research pod.
 //! - [`notices`] (pure): the Events on research pods, and their digest on the pods' owners.
 //! - [`status`] (pure): the `/status` document and the `nightshift status` table.
+//! - [`deliver`]: reclaim notices: each service's demand read, the notices written to pods.
 //! - [`lease`]: leader election over a Lease, so that one replica writes.
 //! - [`run`]: the running controller: election, watches, patches, the `/status` route.
 //! - [`report`]: `nightshift status`, a one-shot report from the cluster or a running server.
@@ -20,6 +22,7 @@
 
 pub mod accounting;
 pub mod controller;
+pub mod deliver;
 #[cfg(any(test, feature = "test-support"))]
 pub mod fixtures;
 pub mod history;
@@ -28,6 +31,7 @@ pub mod marks;
 pub mod notices;
 pub mod owner;
 pub mod pending;
+pub mod reclaim;
 pub mod report;
 pub mod run;
 pub mod status;
@@ -117,6 +121,46 @@ pub struct PoolArgs {
     /// How long a silent leader keeps the Lease before a standby takes over (e.g. `15s`).
     #[arg(long = "pool-lease-duration", env = "NIGHTSHIFT_POOL_LEASE_DURATION", default_value = "15s", value_parser = crate::duration::parse_duration)]
     pub lease_duration: Duration,
+
+    #[command(flatten)]
+    pub notice: NoticeArgs,
+}
+
+/// When research pods are warned of a coming reclaim (see docs/research-notice.md). Needs the
+/// scaler in the same process: it evaluates each ScaledObject's demand.
+#[derive(Clone, Debug, Args)]
+pub struct NoticeArgs {
+    /// Warn research pods before inference takes their GPUs back.
+    #[arg(long = "pool-notices", env = "NIGHTSHIFT_POOL_NOTICES", default_value_t = true, action = clap::ArgAction::Set)]
+    pub enabled: bool,
+
+    /// How close (in replicas) a service's recent demand peak must come to its next replica for
+    /// the pods that replica would preempt to be warned.
+    #[arg(long = "pool-notice-margin", env = "NIGHTSHIFT_POOL_NOTICE_MARGIN", default_value_t = crate::notice::NoticePolicy::default().margin)]
+    pub margin: f64,
+
+    /// How much further (in replicas) the peak must fall before a notice is withdrawn.
+    #[arg(long = "pool-notice-hysteresis", env = "NIGHTSHIFT_POOL_NOTICE_HYSTERESIS", default_value_t = crate::notice::NoticePolicy::default().hysteresis)]
+    pub hysteresis: f64,
+
+    /// The window of demand whose peak is watched (e.g. `10m`).
+    #[arg(long = "pool-notice-window", env = "NIGHTSHIFT_POOL_NOTICE_WINDOW", default_value = "10m", value_parser = crate::duration::parse_duration)]
+    pub window: Duration,
+}
+
+impl NoticeArgs {
+    /// The notice policy, or why the options are unusable.
+    pub fn policy(&self) -> Result<crate::notice::NoticePolicy, Error> {
+        let ok = |v: f64| v.is_finite() && v >= 0.0;
+        if !ok(self.margin) || !ok(self.hysteresis) {
+            return Err(Error::BadNotice);
+        }
+        Ok(crate::notice::NoticePolicy {
+            window_s: self.window.as_secs_f64(),
+            margin: self.margin,
+            hysteresis: self.hysteresis,
+        })
+    }
 }
 
 /// Options of `nightshift status`.
@@ -166,6 +210,10 @@ pub enum Error {
     },
     #[error("the watch of {0} ended")]
     WatchEnded(&'static str),
+    #[error("--pool-notice-margin and --pool-notice-hysteresis must be finite numbers ≥ 0")]
+    BadNotice,
+    #[error("the checkpoint-call client could not be built: {0}")]
+    HookClient(#[source] reqwest::Error),
     #[error(transparent)]
     Lease(#[from] LeaseError),
     #[error("fetching {url} failed: {source}")]

@@ -50,6 +50,10 @@ pub enum Detail {
     },
     /// Waiting for spare GPUs; the note says why.
     Waiting,
+    /// Warned that inference service `service` will need its GPUs soon.
+    Noticed { service: String },
+    /// A notice withdrawn: the demand fell back.
+    Withdrawn,
 }
 
 fn plural(n: u64, one: &str, many: &str) -> String {
@@ -91,6 +95,58 @@ impl PodNotice {
             note: why.note(),
             owner: pod.owner.clone(),
             detail: Detail::Waiting,
+        }
+    }
+
+    /// The Event of a reclaim notice given to a pod, for inference service `service`.
+    pub fn reclaim_notice(
+        (namespace, name, uid): (String, String, Option<String>),
+        owner: Option<super::owner::Owner>,
+        service: &str,
+        has_hook: bool,
+    ) -> Self {
+        let hook = if has_hook {
+            "; its checkpoint endpoint is being called"
+        } else {
+            ""
+        };
+        Self {
+            namespace,
+            name,
+            uid,
+            reason: "ReclaimNotice",
+            action: "Notice",
+            warning: true,
+            note: format!(
+                "Inference service {service} is about to need more replicas, and the scheduler \
+                 is expected to preempt this pod for them: checkpoint now. The annotation \
+                 nightshift.io/reclaim-notice and the pod condition nightshift.io/ReclaimNotice \
+                 are set{hook}"
+            ),
+            owner,
+            detail: Detail::Noticed {
+                service: service.to_string(),
+            },
+        }
+    }
+
+    /// The Event of a reclaim notice withdrawn.
+    pub fn notice_withdrawn(
+        (namespace, name, uid): (String, String, Option<String>),
+        owner: Option<super::owner::Owner>,
+    ) -> Self {
+        Self {
+            namespace,
+            name,
+            uid,
+            reason: "ReclaimNoticeWithdrawn",
+            action: "Notice",
+            warning: false,
+            note: "Inference demand fell back before any reclaim: the reclaim notice is \
+                   withdrawn and the pod keeps its GPUs"
+                .to_string(),
+            owner,
+            detail: Detail::Withdrawn,
         }
     }
 
@@ -189,6 +245,8 @@ enum Headline {
     Preempted,
     Disrupted,
     Waiting,
+    Noticed,
+    Withdrawn,
 }
 
 /// The pods of one owner told one reason since its last Event.
@@ -250,6 +308,13 @@ impl Bucket {
                 "{pods} disrupted (evicted, drained or stopped by the kubelet), {lost}: {list}"
             ),
             Headline::Waiting => format!("{pods}: {list}. {}", self.note),
+            Headline::Noticed => format!(
+                "{pods} warned that inference needs their GPUs soon (reclaim notice; the \
+                 scheduler is expected to preempt them): {list}"
+            ),
+            Headline::Withdrawn => {
+                format!("{pods} had their reclaim notice withdrawn (demand fell back): {list}")
+            }
         };
         fit(note)
     }
@@ -294,7 +359,8 @@ fn brief(pod: &str, detail: &Detail) -> String {
                 ),
             }
         }
-        Detail::Waiting => pod.to_string(),
+        Detail::Waiting | Detail::Withdrawn => pod.to_string(),
+        Detail::Noticed { service } => format!("{pod} (for {service})"),
     }
 }
 
@@ -327,6 +393,8 @@ impl Digests {
                 } => Headline::Preempted,
                 Detail::Disrupted { .. } => Headline::Disrupted,
                 Detail::Waiting => Headline::Waiting,
+                Detail::Noticed { .. } => Headline::Noticed,
+                Detail::Withdrawn => Headline::Withdrawn,
             },
             pods: BTreeSet::new(),
             named: Vec::new(),
@@ -416,6 +484,8 @@ mod tests {
             } => ("Preempted", "Preempt", true),
             Detail::Disrupted { .. } => ("Disrupted", "Disrupt", true),
             Detail::Waiting => ("NoSpareGPUs", "Wait", false),
+            Detail::Noticed { .. } => ("ReclaimNotice", "Notice", true),
+            Detail::Withdrawn => ("ReclaimNoticeWithdrawn", "Notice", false),
         };
         PodNotice {
             namespace: "team-a".into(),

@@ -24,10 +24,12 @@ use tokio_util::sync::CancellationToken;
 use super::{
     Error, PoolArgs,
     controller::{Controller, MAX_NOTICES, Metrics},
+    deliver::{Deliverer, DeliveryMetrics, DemandSource, NOTICE_INTERVAL, read_services},
     lease::{Elector, LeaseClient, Timing},
     marks::LabelPatch,
     node_selector,
     notices::{OwnerNotice, PodNotice},
+    reclaim,
 };
 use crate::{admin::ReadyHandle, runtime::Context, vocabulary::Vocabulary};
 
@@ -44,6 +46,7 @@ const RECONCILE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1
 pub async fn start(
     args: PoolArgs,
     vocabulary: Vocabulary,
+    demand: Option<Arc<dyn DemandSource>>,
     ctx: &mut Context,
 ) -> Result<Option<Shared>, Error> {
     let PoolArgs {
@@ -52,9 +55,11 @@ pub async fn start(
         lease_name,
         identity,
         lease_duration,
+        notice,
     } = args;
     let selector = node_selector(&vocabulary)?;
     let policy = lending.policy(vocabulary)?;
+    let notice_policy = notice.policy()?;
     let Some(client) = ctx.kube.clone() else {
         tracing::warn!(
             "no Kubernetes cluster: the GPU-pool controller is off (no spare marks, no preemption \
@@ -82,7 +87,10 @@ pub async fn start(
     };
     let metrics = Metrics::default();
     metrics.register(&mut ctx.registry);
-    let controller: Shared = Arc::new(Mutex::new(Controller::new(policy, metrics)));
+    let resource = policy.vocabulary.gpu_resource.clone();
+    let mut c = Controller::new(policy, metrics);
+    c.set_notice_policy(notice_policy);
+    let controller: Shared = Arc::new(Mutex::new(c));
     ctx.add_admin_routes(status_routes(controller.clone()));
     let ready = ctx.readiness.register("pool caches synced");
 
@@ -109,6 +117,22 @@ pub async fn start(
             Ok(())
         }
     });
+    match demand.filter(|_| notice.enabled) {
+        Some(scaler) => {
+            let delivery = DeliveryMetrics::default();
+            delivery.register(&mut ctx.registry);
+            let deliverer = Deliverer::new(client.clone(), delivery).map_err(Error::HookClient)?;
+            let (client, controller, token) = (client.clone(), controller.clone(), token.clone());
+            ctx.supervisor.spawn("pool-notices", async move {
+                give_notices(client, scaler, resource, controller, deliverer, token).await;
+                Ok(())
+            });
+        }
+        None if notice.enabled => tracing::info!(
+            "reclaim notices are off: they need the scaler in the same process (`nightshift run`)"
+        ),
+        None => tracing::info!("reclaim notices are off (--pool-notices=false)"),
+    }
     ctx.supervisor.spawn("pool-controller", {
         let controller = controller.clone();
         async move {
@@ -129,6 +153,44 @@ pub async fn start(
         }
     });
     Ok(Some(controller))
+}
+
+/// Decides and delivers reclaim notices every [`NOTICE_INTERVAL`] while leading, until
+/// shutdown. A pass whose ScaledObjects cannot be read is skipped: the notices stand.
+async fn give_notices(
+    client: kube::Client,
+    scaler: Arc<dyn DemandSource>,
+    resource: String,
+    controller: Shared,
+    deliverer: Deliverer,
+    token: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(NOTICE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = token.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if !lock(&controller).is_leader() {
+            continue;
+        }
+        let Some(services) = read_services(&client, scaler.as_ref(), &resource).await else {
+            continue;
+        };
+        let changes = lock(&controller).notice_pass(&services, Timestamp::now());
+        for change in changes {
+            if let Err(e) = deliverer.deliver(&change).await {
+                tracing::warn!(pod = %change.pod(), error = %e, "reclaim notice not delivered; retrying next pass");
+                if let reclaim::Change::Give {
+                    namespace, name, ..
+                } = &change
+                {
+                    lock(&controller).notice_undelivered(namespace, name);
+                }
+            }
+        }
+    }
 }
 
 /// One Event to publish: on a research pod, or on its Job or Workflow.

@@ -139,6 +139,7 @@ fn verdict(v: Verdict) -> &'static str {
         Verdict::NotReady => "not-ready",
         Verdict::Untrusted => "unreadable",
         Verdict::WindowClosed => "window-closed",
+        Verdict::Reclaiming => "reclaiming",
     }
 }
 

@@ -420,9 +420,10 @@ pub fn load_tls(
 }
 
 /// Starts the scaler as a component of the process: registers metrics, readiness and admin
-/// routes, binds the gRPC port and spawns the server. Returns the store of its latest decisions
-/// (read by the researchers' view when it runs in the same process).
-pub async fn start(args: ScalerArgs, ctx: &mut Context) -> Result<Decisions, StartError> {
+/// routes, binds the gRPC port and spawns the server. Returns the scaler, whose latest decisions
+/// the researchers' view reads and whose evaluations the pool's reclaim notices use when they
+/// run in the same process.
+pub async fn start(args: ScalerArgs, ctx: &mut Context) -> Result<Arc<Scaler>, StartError> {
     let ScalerArgs {
         scaler_addr,
         scaler_cache_ttl,
@@ -452,7 +453,7 @@ pub async fn start(args: ScalerArgs, ctx: &mut Context) -> Result<Decisions, Sta
         ctx.supervisor.shutdown_token(),
     )?);
     ctx.add_admin_routes(scaler.decisions().routes());
-    let decisions = scaler.decisions().clone();
+    let shared = scaler.clone();
     let ready = ctx.readiness.register("scaler gRPC server");
     let listener = tokio::net::TcpListener::bind(scaler_addr)
         .await
@@ -479,5 +480,5 @@ pub async fn start(args: ScalerArgs, ctx: &mut Context) -> Result<Decisions, Sta
         service::serve(listener, scaler, tls, service::Limits::default(), token).await?;
         Ok(())
     });
-    Ok(decisions)
+    Ok(shared)
 }

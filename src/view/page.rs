@@ -811,6 +811,7 @@ fn state(v: Verdict) -> &'static str {
         Verdict::NotReady => "not ready",
         Verdict::Untrusted => "unreadable",
         Verdict::WindowClosed => "window closed",
+        Verdict::Reclaiming => "reclaiming",
     }
 }
 
@@ -895,6 +896,7 @@ mod tests {
                 at: now(),
                 lost_gpu_seconds: Some(1800),
                 uid: Some("u1".into()),
+                noticed: None,
                 owner: None,
             }],
         }
