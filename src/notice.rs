@@ -171,7 +171,9 @@ fn pick_node<Id>(nodes: &[NodeRoom<Id>], gpus: u32) -> Option<(usize, Vec<usize>
         let better = match &best {
             None => true,
             // Fewest victims; then the latest start of the earliest-started victim.
-            Some((_, v, e)) => victims.len() < v.len() || (victims.len() == v.len() && earliest > *e),
+            Some((_, v, e)) => {
+                victims.len() < v.len() || (victims.len() == v.len() && earliest > *e)
+            }
         };
         if better {
             best = Some((n, victims, earliest));
@@ -189,7 +191,11 @@ fn victims_on_node<Id>(node: &NodeRoom<Id>, gpus: u32) -> Option<Vec<usize>> {
         return None;
     }
     let mut by_importance: Vec<usize> = (0..node.research.len()).collect();
-    by_importance.sort_by(|&a, &b| node.research[a].started.total_cmp(&node.research[b].started));
+    by_importance.sort_by(|&a, &b| {
+        node.research[a]
+            .started
+            .total_cmp(&node.research[b].started)
+    });
     let mut victims = Vec::new();
     for i in by_importance {
         let g = node.research[i].gpus;
@@ -253,9 +259,21 @@ mod tests {
             ..policy()
         };
         let mut w = Watch::default();
-        assert_eq!(p.update(&mut w, 0.0, 2.8, 3), 1, "a burst near the next replica");
-        assert_eq!(p.update(&mut w, 300.0, 1.5, 3), 1, "still within the window");
-        assert_eq!(p.update(&mut w, 700.0, 1.5, 3), 0, "the burst left the window");
+        assert_eq!(
+            p.update(&mut w, 0.0, 2.8, 3),
+            1,
+            "a burst near the next replica"
+        );
+        assert_eq!(
+            p.update(&mut w, 300.0, 1.5, 3),
+            1,
+            "still within the window"
+        );
+        assert_eq!(
+            p.update(&mut w, 700.0, 1.5, 3),
+            0,
+            "the burst left the window"
+        );
     }
 
     #[test]
@@ -318,7 +336,12 @@ mod tests {
     fn the_most_recently_started_leave_and_the_earliest_are_reprieved() {
         let mut nodes = vec![NodeRoom {
             free: 1,
-            research: vec![pod(1, 1, 100.0), pod(2, 1, 50.0), pod(3, 1, 200.0), pod(4, 1, 10.0)],
+            research: vec![
+                pod(1, 1, 100.0),
+                pod(2, 1, 50.0),
+                pod(3, 1, 200.0),
+                pod(4, 1, 10.0),
+            ],
         }];
         // Needs 3: 1 free + two victims, the two latest started (3 at 200, 1 at 100).
         let mut v = predict_victims(&mut nodes, 1, 3);

@@ -361,6 +361,7 @@ mod tests {
             job_hours: 10.0,
             checkpoint_interval_s: 600.0,
             grace_period_s: 30.0,
+            ..ResearchConfig::default()
         }
     }
 
