@@ -736,9 +736,11 @@ fn quantities_of_zero_are_not_requests() {
     }
 }
 
-/// The notice parts of a patched pod: volume names, then per container its mounts at the notice
-/// path (volume name) and its values of the notice variable.
-fn notice_parts(p: &Pod) -> (Vec<String>, Vec<(Vec<String>, Vec<String>)>) {
+/// Per container: the volumes mounted at the notice path, and the values of the notice variable.
+type ContainerNotice = (Vec<String>, Vec<String>);
+
+/// The notice parts of a patched pod: volume names, then per container its [`ContainerNotice`].
+fn notice_parts(p: &Pod) -> (Vec<String>, Vec<ContainerNotice>) {
     let spec = p.spec.clone().expect("spec");
     let volumes = spec
         .volumes
