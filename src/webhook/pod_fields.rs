@@ -6,8 +6,8 @@
 //! metadata plus the spec fields [`super::mutate::mutate`] reads (node name, priority triple,
 //! affinity, tolerations, grace period, scheduler name, volume names, and each container's name,
 //! resources, mount paths and environment variable names). Every other field is skipped by the
-//! JSON parser without being built. [`AdmittedPod::into_pod`] gives the
-//! `Pod` that `mutate` takes; a property test checks that it decides exactly as on the whole pod.
+//! JSON parser without being built. [`AdmittedPod::into_pod`] gives the `Pod` that `mutate`
+//! takes; a property test checks that it decides exactly as on the whole pod.
 
 use std::borrow::Cow;
 
