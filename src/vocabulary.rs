@@ -1,6 +1,8 @@
 //! The names the admission webhook and the GPU-pool controller agree on: which label selects
 //! research pods, which label and PriorityClass mark them, which node label and taint make the
-//! GPU pool, which labels carry the spare marks, and which extended resource is a GPU.
+//! GPU pool, which labels carry the spare marks, and which extended resource is a GPU; and the
+//! fixed names of the reclaim notice that research pods read (annotation, condition, Event
+//! reason, checkpoint annotations, the Downward API volume the webhook adds).
 //!
 //! Owns the default names ([`RESEARCH_LABEL`], [`POOL_LABEL`], ...), the one option group that
 //! changes them ([`VocabularyArgs`], flattened once per command) and the checked result
@@ -36,18 +38,34 @@ pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// is not lost when the pod is preempted. Without it, everything since the pod started counts as
 /// lost.
 pub const CHECKPOINTED_AT_ANNOTATION: &str = "nightshift.io/checkpointed-at";
-/// Annotation the pool controller sets on a research pod it warns of a coming reclaim: the
-/// RFC 3339 time of the notice. Removed when the notice is withdrawn.
+/// Annotation the pool controller sets on a research pod to the RFC 3339 time it gave the pod a
+/// reclaim notice (inference is about to take the pod's GPUs back); removed when the notice is
+/// withdrawn.
 pub const RECLAIM_NOTICE_ANNOTATION: &str = "nightshift.io/reclaim-notice";
-/// Pod condition type of a reclaim notice: `True` while the notice holds, `False` once withdrawn.
+/// Pod condition type of the reclaim notice: `True` while a notice stands, `False` once it is
+/// withdrawn.
 pub const RECLAIM_NOTICE_CONDITION: &str = "nightshift.io/ReclaimNotice";
-/// Annotation a research pod may set to a port of its own on which it takes a checkpoint
-/// request: the pool controller POSTs to it once per notice.
+/// Reason of the Event recorded on a research pod (and its Job or Workflow) for a reclaim notice.
+pub const RECLAIM_NOTICE_EVENT_REASON: &str = "ReclaimNotice";
+/// Annotation a research pod sets to a port of its own (e.g. `"8080"`) to be sent one HTTP POST
+/// per reclaim notice.
 pub const CHECKPOINT_PORT_ANNOTATION: &str = "nightshift.io/checkpoint-port";
-/// Annotation naming the path of that request ([`DEFAULT_CHECKPOINT_PATH`] without it).
+/// Annotation a research pod may set to the HTTP path of that POST ([`DEFAULT_CHECKPOINT_PATH`]
+/// without it).
 pub const CHECKPOINT_PATH_ANNOTATION: &str = "nightshift.io/checkpoint-path";
-/// Path of the checkpoint request when the pod names none.
+/// HTTP path of the reclaim-notice POST when the pod names none.
 pub const DEFAULT_CHECKPOINT_PATH: &str = "/checkpoint";
+/// Downward API volume the webhook adds to research pods: the pod's annotations as a file, so a
+/// container sees its reclaim notice without API access.
+pub const NOTICE_VOLUME: &str = "nightshift-notice";
+/// Where the webhook mounts [`NOTICE_VOLUME`] (read-only) in every container.
+pub const NOTICE_MOUNT_PATH: &str = "/etc/nightshift";
+/// Name of the annotations file in [`NOTICE_VOLUME`]. The kubelet writes one `key="value"` line
+/// per annotation (Go-quoted values) and replaces the file atomically when they change.
+pub const NOTICE_FILE: &str = "annotations";
+/// Environment variable the webhook sets in every container of a research pod to the full path
+/// of the annotations file ([`NOTICE_MOUNT_PATH`]`/`[`NOTICE_FILE`]).
+pub const NOTICE_FILE_ENV: &str = "NIGHTSHIFT_NOTICE_FILE";
 /// Value of the research, lent and spare labels when they are set.
 pub const TRUE: &str = "true";
 

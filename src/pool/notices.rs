@@ -114,7 +114,7 @@ impl PodNotice {
             namespace,
             name,
             uid,
-            reason: "ReclaimNotice",
+            reason: crate::vocabulary::RECLAIM_NOTICE_EVENT_REASON,
             action: "Notice",
             warning: true,
             note: format!(

@@ -8,8 +8,9 @@
 //! - [`certs`]: `nightshift certs generate`.
 //!
 //! The names it selects by and writes (research and lent labels, the research PriorityClass, the
-//! pool label and taints, the spare label, the GPU resource) come from [`crate::vocabulary`],
-//! shared with the pool controller, so that the pool counts as research what the webhook marks.
+//! pool label and taints, the spare label, the GPU resource, the reclaim-notice volume, mount
+//! path and variable) come from [`crate::vocabulary`], shared with the pool controller, so that
+//! the pool counts as research what the webhook marks.
 //!
 //! Why the triple `priorityClassName`/`priority`/`preemptionPolicy`: the built-in `Priority`
 //! admission plugin runs before mutating webhooks and fills `priority` and `preemptionPolicy`

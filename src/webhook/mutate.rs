@@ -1,5 +1,6 @@
 //! Patch building: decides whether a pod is a research pod and, if so, builds the JSON Patch that
-//! marks it (low priority, GPU-pool placement, tolerations, lent label, short grace period).
+//! marks it (low priority, GPU-pool placement, tolerations, lent label, short grace period) and
+//! gives its containers the reclaim-notice file (a Downward API volume of the pod's annotations).
 //!
 //! Pure: no I/O, no clock, no Kubernetes client. Everything it needs arrives as arguments (the
 //! pod, its namespace's labels, the [`MutationPolicy`] and a [`PriorityClasses`] lookup), so it is
@@ -17,7 +18,9 @@ use k8s_openapi::api::core::v1::{
 };
 use serde_json::{Value, json};
 
-use crate::vocabulary::Vocabulary;
+use crate::vocabulary::{
+    NOTICE_FILE, NOTICE_FILE_ENV, NOTICE_MOUNT_PATH, NOTICE_VOLUME, Vocabulary,
+};
 
 /// Annotation the kubelet puts on mirror pods (static pods reflected into the API). They cannot
 /// be scheduled or preempted, so they are never touched.
@@ -117,6 +120,10 @@ pub struct MutationPolicy {
     /// Scheduler profile for GPU research pods (one that packs them onto few nodes); `None`
     /// leaves `schedulerName` alone.
     pub scheduler_name: Option<String>,
+    /// Whether research pods get the reclaim-notice file: a Downward API volume of the pod's
+    /// annotations ([`NOTICE_VOLUME`]), mounted read-only at [`NOTICE_MOUNT_PATH`] in every
+    /// container, with [`NOTICE_FILE_ENV`] naming the file.
+    pub notice_file: bool,
 }
 
 impl Default for MutationPolicy {
@@ -154,6 +161,7 @@ impl MutationPolicy {
             // Off by default: the profile must exist in the cluster's kube-scheduler, or the
             // pods would wait for a scheduler that never comes.
             scheduler_name: None,
+            notice_file: true,
         }
     }
 }
@@ -284,6 +292,9 @@ pub fn mutate(
     }
     if let Some(max) = policy.max_grace_period_seconds {
         grace_period(&mut b, spec, max);
+    }
+    if policy.notice_file {
+        notice_file(&mut b, spec);
     }
     Ok(b.finish(Classification::Research { gpu }))
 }
@@ -662,6 +673,86 @@ fn grace_period(b: &mut Builder, spec: &PodSpec, max: i64) {
             ));
         }
         Some(_) => {}
+    }
+}
+
+/// The Downward API field of the notice file: all of the pod's annotations, so that a container
+/// sees the reclaim-notice annotation come and go.
+const NOTICE_FIELD: &str = "metadata.annotations";
+
+/// Gives a research pod the reclaim-notice file: the Downward API volume, a read-only mount of it
+/// in every container (init containers finish before any notice matters) and the variable that
+/// names the file. Each part is added only where it is missing: a pod that has a volume of that
+/// name keeps it, a container that mounts the volume or sets the variable already keeps them,
+/// and a container that mounts something else at the mount path gets neither.
+fn notice_file(b: &mut Builder, spec: &PodSpec) {
+    let before = b.ops.len();
+    let has_volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .any(|v| v.name == NOTICE_VOLUME);
+    if !has_volume {
+        let volume = json!({
+            "name": NOTICE_VOLUME,
+            "downwardAPI": {"items": [
+                {"path": NOTICE_FILE, "fieldRef": {"apiVersion": "v1", "fieldPath": NOTICE_FIELD}}
+            ]}
+        });
+        match spec.volumes {
+            None => b.add(&["spec", "volumes"], json!([volume])),
+            Some(_) => b.add(&["spec", "volumes", "-"], volume),
+        }
+    }
+    let file = format!("{NOTICE_MOUNT_PATH}/{NOTICE_FILE}");
+    for (i, container) in spec.containers.iter().enumerate() {
+        let idx = i.to_string();
+        let at = |field: &'static [&'static str]| -> Vec<&str> {
+            ["spec", "containers", idx.as_str()]
+                .into_iter()
+                .chain(field.iter().copied())
+                .collect()
+        };
+        // `/etc/nightshift/` and `/etc/nightshift` are one mount point.
+        let mount = container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.mount_path.trim_end_matches('/') == NOTICE_MOUNT_PATH);
+        match (mount, &container.volume_mounts) {
+            // Something else of the container's own is mounted there: the variable would name a
+            // file that is not the notice file, so the container is left alone.
+            (Some(m), _) if m.name != NOTICE_VOLUME => continue,
+            (Some(_), _) => {}
+            (None, mounts) => {
+                let mount = json!({
+                    "name": NOTICE_VOLUME, "mountPath": NOTICE_MOUNT_PATH, "readOnly": true
+                });
+                match mounts {
+                    None => b.add(&at(&["volumeMounts"]), json!([mount])),
+                    Some(_) => b.add(&at(&["volumeMounts", "-"]), mount),
+                }
+            }
+        }
+        let has_env = container
+            .env
+            .iter()
+            .flatten()
+            .any(|e| e.name == NOTICE_FILE_ENV);
+        if !has_env {
+            let var = json!({"name": NOTICE_FILE_ENV, "value": file});
+            match container.env {
+                None => b.add(&at(&["env"]), json!([var])),
+                Some(_) => b.add(&at(&["env", "-"]), var),
+            }
+        }
+    }
+    if b.ops.len() > before {
+        b.note_later(format!(
+            "nightshift: the pod's annotations, reclaim notice ({}) included, are readable in \
+             {file} (${NOTICE_FILE_ENV})",
+            crate::vocabulary::RECLAIM_NOTICE_ANNOTATION
+        ));
     }
 }
 

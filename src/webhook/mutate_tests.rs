@@ -133,7 +133,20 @@ fn gpu_pod_in_research_namespace_gets_the_full_mark() {
             {"op": "add", "path": "/spec/tolerations", "value": [
                 {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
             ]},
-            {"op": "add", "path": "/metadata/labels", "value": {"nightshift.io/lent": "true"}}
+            {"op": "add", "path": "/metadata/labels", "value": {"nightshift.io/lent": "true"}},
+            {"op": "add", "path": "/spec/volumes", "value": [{
+                "name": "nightshift-notice",
+                "downwardAPI": {"items": [{
+                    "path": "annotations",
+                    "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.annotations"}
+                }]}
+            }]},
+            {"op": "add", "path": "/spec/containers/0/volumeMounts", "value": [
+                {"name": "nightshift-notice", "mountPath": "/etc/nightshift", "readOnly": true}
+            ]},
+            {"op": "add", "path": "/spec/containers/0/env", "value": [
+                {"name": "NIGHTSHIFT_NOTICE_FILE", "value": "/etc/nightshift/annotations"}
+            ]}
         ])
     );
     assert!(
@@ -667,6 +680,7 @@ fn every_part_can_be_switched_off() {
         pool_taints: Vec::new(),
         lent_label: None,
         max_grace_period_seconds: None,
+        notice_file: false,
         ..MutationPolicy::default()
     };
     let p = pod(json!({"spec": {"terminationGracePeriodSeconds": 600}}));
@@ -720,6 +734,198 @@ fn quantities_of_zero_are_not_requests() {
     ] {
         assert_eq!(quantity_is_positive(q), positive, "{q:?}");
     }
+}
+
+/// Per container: the volumes mounted at the notice path, and the values of the notice variable.
+type ContainerNotice = (Vec<String>, Vec<String>);
+
+/// The notice parts of a patched pod: volume names, then per container its [`ContainerNotice`].
+fn notice_parts(p: &Pod) -> (Vec<String>, Vec<ContainerNotice>) {
+    let spec = p.spec.clone().expect("spec");
+    let volumes = spec
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.clone())
+        .collect();
+    let containers = spec
+        .containers
+        .iter()
+        .map(|c| {
+            let mounts = c
+                .volume_mounts
+                .iter()
+                .flatten()
+                .filter(|m| m.mount_path.trim_end_matches('/') == "/etc/nightshift")
+                .map(|m| m.name.clone())
+                .collect();
+            let env = c
+                .env
+                .iter()
+                .flatten()
+                .filter(|e| e.name == "NIGHTSHIFT_NOTICE_FILE")
+                .map(|e| e.value.clone().unwrap_or_default())
+                .collect();
+            (mounts, env)
+        })
+        .collect();
+    (volumes, containers)
+}
+
+/// Applies `m` to `doc` exactly as sent, checks that a second pass is empty, returns the pod.
+fn apply_sent(doc: &Value, m: &Mutation) -> Pod {
+    let mut patched = doc.clone();
+    json_patch::patch(&mut patched, &m.patch.0)
+        .unwrap_or_else(|e| panic!("patch does not apply: {e}: {}", patch_json(m)));
+    let p: Pod = serde_json::from_value(patched).expect("patched pod reads");
+    let second = run(&p, &research_ns());
+    assert!(second.patch.0.is_empty(), "{}", patch_json(&second));
+    p
+}
+
+#[test]
+fn every_container_gets_the_notice_file_and_init_containers_do_not() {
+    let doc = serde_json::to_value(pod(json!({"spec": {
+        "volumes": [{"name": "data", "emptyDir": {}}],
+        "containers": [
+            {"name": "main", "image": "x",
+             "resources": {"limits": {"nvidia.com/gpu": "1"}},
+             "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+             "env": [{"name": "EPOCHS", "value": "3"}]},
+            {"name": "sidecar", "image": "y"}
+        ],
+        "initContainers": [{"name": "fetch", "image": "z"}]
+    }})))
+    .expect("pod serialises");
+    let p: Pod = serde_json::from_value(doc.clone()).expect("pod reads");
+    let m = run(&p, &research_ns());
+    let ps = paths(&m);
+    for path in [
+        "add /spec/volumes/-",
+        "add /spec/containers/0/volumeMounts/-",
+        "add /spec/containers/0/env/-",
+        "add /spec/containers/1/volumeMounts",
+        "add /spec/containers/1/env",
+    ] {
+        assert!(ps.contains(&path.to_string()), "{path} missing from {ps:?}");
+    }
+    assert!(!ps.iter().any(|p| p.contains("initContainers")), "{ps:?}");
+    assert!(
+        m.warnings
+            .iter()
+            .any(|w| w.contains("/etc/nightshift/annotations")),
+        "{:?}",
+        m.warnings
+    );
+    let patched = apply_sent(&doc, &m);
+    let file = || vec!["/etc/nightshift/annotations".to_string()];
+    let ours = || vec!["nightshift-notice".to_string()];
+    assert_eq!(
+        notice_parts(&patched),
+        (
+            vec!["data".to_string(), "nightshift-notice".to_string()],
+            vec![(ours(), file()), (ours(), file())]
+        )
+    );
+    let spec = patched.spec.expect("spec");
+    let volume = spec.volumes.iter().flatten().last().expect("volume");
+    let item = volume
+        .downward_api
+        .as_ref()
+        .and_then(|d| d.items.as_ref())
+        .and_then(|i| i.first())
+        .expect("downward API item");
+    assert_eq!(item.path, "annotations");
+    assert_eq!(
+        item.field_ref.as_ref().map(|f| f.field_path.as_str()),
+        Some("metadata.annotations")
+    );
+    let mount = spec.containers[1].volume_mounts.iter().flatten().next();
+    assert_eq!(mount.and_then(|m| m.read_only), Some(true));
+    let init = spec.init_containers.iter().flatten().next().expect("init");
+    assert!(init.volume_mounts.is_none() && init.env.is_none());
+}
+
+#[test]
+fn notice_parts_already_there_are_not_added_again() {
+    let ours = json!({"name": "nightshift-notice", "downwardAPI": {"items": [
+        {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}
+    ]}});
+    let doc = serde_json::to_value(pod(json!({"spec": {
+        "volumes": [ours],
+        "containers": [
+            // Mounted (with a trailing slash) and the variable set to a path of its own: kept.
+            {"name": "a", "image": "x",
+             "volumeMounts": [{"name": "nightshift-notice", "mountPath": "/etc/nightshift/"}],
+             "env": [{"name": "NIGHTSHIFT_NOTICE_FILE", "value": "/elsewhere"}]},
+            // Mounted, no variable: only the variable is added.
+            {"name": "b", "image": "x",
+             "volumeMounts": [{"name": "nightshift-notice", "mountPath": "/etc/nightshift"}]},
+            // Its own volume at the notice path: left alone.
+            {"name": "c", "image": "x",
+             "volumeMounts": [{"name": "config", "mountPath": "/etc/nightshift"}]},
+            // The variable only: the mount is added, the variable kept.
+            {"name": "d", "image": "x", "env": [{"name": "NIGHTSHIFT_NOTICE_FILE", "value": "/x"}]}
+        ]
+    }})))
+    .expect("pod serialises");
+    let p: Pod = serde_json::from_value(doc.clone()).expect("pod reads");
+    let m = run(&p, &research_ns());
+    let notice: Vec<String> = paths(&m)
+        .into_iter()
+        .filter(|p| p.contains("volume") || p.contains("env"))
+        .collect();
+    assert_eq!(
+        notice,
+        [
+            "add /spec/containers/1/env",
+            "add /spec/containers/3/volumeMounts"
+        ]
+    );
+    let patched = apply_sent(&doc, &m);
+    let (volumes, containers) = notice_parts(&patched);
+    assert_eq!(volumes, ["nightshift-notice"]);
+    let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        containers,
+        [
+            (s(&["nightshift-notice"]), s(&["/elsewhere"])),
+            (
+                s(&["nightshift-notice"]),
+                s(&["/etc/nightshift/annotations"])
+            ),
+            (s(&["config"]), s(&[])),
+            (s(&["nightshift-notice"]), s(&["/x"])),
+        ]
+    );
+}
+
+#[test]
+fn empty_and_null_notice_lists_get_patches_that_apply() {
+    for (volumes, mounts, env) in [
+        (json!([]), json!([]), json!([])),
+        (Value::Null, Value::Null, Value::Null),
+    ] {
+        let mut doc = serde_json::to_value(pod(json!({}))).expect("pod serialises");
+        doc["spec"]["volumes"] = volumes.clone();
+        doc["spec"]["containers"][0]["volumeMounts"] = mounts;
+        doc["spec"]["containers"][0]["env"] = env;
+        let p: Pod = serde_json::from_value(doc.clone()).expect("pod reads");
+        let m = run(&p, &research_ns());
+        let patched = apply_sent(&doc, &m);
+        let (vs, cs) = notice_parts(&patched);
+        assert_eq!(vs, ["nightshift-notice"], "{volumes}");
+        assert_eq!(cs.len(), 1);
+        assert_eq!(cs[0].1, ["/etc/nightshift/annotations"], "{volumes}");
+    }
+}
+
+#[test]
+fn a_marked_pod_readmitted_gets_no_patch_and_no_warning() {
+    let p = pod(json!({}));
+    let patched = assert_idempotent(&p, &research_ns());
+    let again = run(&patched, &research_ns());
+    assert!(again.warnings.is_empty(), "{:?}", again.warnings);
 }
 
 // ---- property test -------------------------------------------------------------------------
@@ -837,13 +1043,60 @@ prop_compose! {
     }
 }
 
+/// Notice parts a pod may carry already: its volumes, the first container's mounts and
+/// variables (each absent, empty, unrelated or the notice's own), and whether a second container
+/// with none of them follows.
+type NoticeCase = (Value, Value, Value, bool);
+
+fn arb_notice() -> impl Strategy<Value = NoticeCase> {
+    (
+        prop_oneof![
+            Just(Value::Null),
+            Just(json!([])),
+            Just(json!([{"name": "data", "emptyDir": {}}])),
+            Just(json!([{"name": "nightshift-notice", "emptyDir": {}}])),
+        ],
+        prop_oneof![
+            Just(Value::Null),
+            Just(json!([])),
+            Just(json!([{"name": "data", "mountPath": "/data"}])),
+            Just(json!([{"name": "nightshift-notice", "mountPath": "/etc/nightshift"}])),
+            Just(json!([{"name": "data", "mountPath": "/etc/nightshift/"}])),
+        ],
+        prop_oneof![
+            Just(Value::Null),
+            Just(json!([])),
+            Just(json!([{"name": "A", "value": "b"}])),
+            Just(json!([{"name": "NIGHTSHIFT_NOTICE_FILE", "value": "/f"}])),
+        ],
+        any::<bool>(),
+    )
+}
+
+fn with_notice(doc: &mut Value, (volumes, mounts, env, second): NoticeCase) {
+    if !volumes.is_null() {
+        doc["spec"]["volumes"] = volumes;
+    }
+    if !mounts.is_null() {
+        doc["spec"]["containers"][0]["volumeMounts"] = mounts;
+    }
+    if !env.is_null() {
+        doc["spec"]["containers"][0]["env"] = env;
+    }
+    if second && let Some(cs) = doc["spec"]["containers"].as_array_mut() {
+        cs.push(json!({"name": "side", "image": "x"}));
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
     fn patched_pods_are_valid_marked_and_stable(
-        (ns, doc) in arb_case(), preferred in any::<bool>(), packing in any::<bool>()
+        (ns, mut doc) in arb_case(), notice in arb_notice(), preferred in any::<bool>(),
+        packing in any::<bool>()
     ) {
+        with_notice(&mut doc, notice);
         let mut policy = if preferred { preferred_policy() } else { MutationPolicy::default() };
         if packing { policy.scheduler_name = Some(PACKING.into()); }
         let pod: Pod = serde_json::from_value(doc.clone()).expect("generated pod is valid");
@@ -876,6 +1129,14 @@ proptest! {
                     Some("true")
                 );
                 prop_assert_eq!(gpu, requests_resource(&spec, "nvidia.com/gpu"));
+                let (volumes, containers) = notice_parts(&patched);
+                prop_assert_eq!(volumes.iter().filter(|v| *v == "nightshift-notice").count(), 1);
+                for (mounts, env) in containers {
+                    // One mount at the notice path: the notice volume with the variable set,
+                    // or one of the pod's own (left alone).
+                    prop_assert_eq!(mounts.len(), 1);
+                    prop_assert!(mounts[0] != "nightshift-notice" || env.len() == 1);
+                }
                 if gpu {
                     let reqs = required_requirements(&policy);
                     let terms = spec.affinity.as_ref()
@@ -895,7 +1156,10 @@ proptest! {
     }
 
     #[test]
-    fn the_trimmed_decode_decides_exactly_as_the_whole_pod((ns, mut doc) in arb_case(), noise in any::<bool>()) {
+    fn the_trimmed_decode_decides_exactly_as_the_whole_pod(
+        (ns, mut doc) in arb_case(), notice in arb_notice(), noise in any::<bool>()
+    ) {
+        with_notice(&mut doc, notice);
         if noise {
             // Fields the decision never reads, as real pods carry them.
             doc["spec"]["containers"][0]["env"] = json!([{"name": "A", "value": "b"}]);

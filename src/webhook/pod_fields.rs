@@ -4,14 +4,18 @@
 //! probes, none of which the decision reads. Decoding all of it into `k8s_openapi` types costs
 //! far more than the decision itself, so the review is decoded into [`AdmittedPod`]: the
 //! metadata plus the spec fields [`super::mutate::mutate`] reads (node name, priority triple,
-//! affinity, tolerations, grace period, scheduler name, and each container's name and resources). Every other
-//! field is skipped by the JSON parser without being built. [`AdmittedPod::into_pod`] gives the
-//! `Pod` that `mutate` takes; a property test checks that it decides exactly as on the whole pod.
+//! affinity, tolerations, grace period, scheduler name, volume names, and each container's name,
+//! resources, mount paths and environment variable names). Every other field is skipped by the
+//! JSON parser without being built. [`AdmittedPod::into_pod`] gives the `Pod` that `mutate`
+//! takes; a property test checks that it decides exactly as on the whole pod.
 
 use std::borrow::Cow;
 
 use k8s_openapi::{
-    api::core::v1::{Affinity, Container, Pod, PodSpec, ResourceRequirements, Toleration},
+    api::core::v1::{
+        Affinity, Container, EnvVar, Pod, PodSpec, ResourceRequirements, Toleration, Volume,
+        VolumeMount,
+    },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use kube::core::{NamespaceResourceScope, Resource};
@@ -50,15 +54,41 @@ pub struct AdmittedSpec {
     pub containers: Vec<AdmittedContainer>,
     #[serde(default)]
     pub init_containers: Option<Vec<AdmittedContainer>>,
+    #[serde(default)]
+    pub volumes: Option<Vec<Named>>,
 }
 
-/// A container's name and resources (whether it asks for a GPU).
+/// A container's name and resources (whether it asks for a GPU), the paths it mounts and the
+/// names of its environment variables (whether it reads the notice file already).
 #[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct AdmittedContainer {
     #[serde(default)]
     pub name: String,
     #[serde(default)]
     pub resources: Option<ResourceRequirements>,
+    #[serde(default)]
+    pub volume_mounts: Option<Vec<AdmittedMount>>,
+    #[serde(default)]
+    pub env: Option<Vec<Named>>,
+}
+
+/// A list entry read for its name only (a volume, an environment variable). A missing or null
+/// name reads as empty, as the API server would treat it.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Named {
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// A volume mount's volume and path.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmittedMount {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub mount_path: Option<String>,
 }
 
 impl AdmittedContainer {
@@ -66,6 +96,23 @@ impl AdmittedContainer {
         Container {
             name: self.name,
             resources: self.resources,
+            volume_mounts: self.volume_mounts.map(|ms| {
+                ms.into_iter()
+                    .map(|m| VolumeMount {
+                        name: m.name.unwrap_or_default(),
+                        mount_path: m.mount_path.unwrap_or_default(),
+                        ..VolumeMount::default()
+                    })
+                    .collect()
+            }),
+            env: self.env.map(|es| {
+                es.into_iter()
+                    .map(|e| EnvVar {
+                        name: e.name.unwrap_or_default(),
+                        ..EnvVar::default()
+                    })
+                    .collect()
+            }),
             ..Container::default()
         }
     }
@@ -93,6 +140,14 @@ impl AdmittedPod {
                 init_containers: s.init_containers.map(|cs| {
                     cs.into_iter()
                         .map(AdmittedContainer::into_container)
+                        .collect()
+                }),
+                volumes: s.volumes.map(|vs| {
+                    vs.into_iter()
+                        .map(|v| Volume {
+                            name: v.name.unwrap_or_default(),
+                            ..Volume::default()
+                        })
                         .collect()
                 }),
                 ..PodSpec::default()

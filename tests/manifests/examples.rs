@@ -270,6 +270,85 @@ fn workflow_template_chains_the_research_steps_with_preemption_retries() {
     assert!(spec["artifactRepositoryRef"].is_object());
 }
 
+/// A container that runs the example trainer: mounted from the ConfigMap, its checkpoint port the
+/// one the pod's annotation declares.
+fn assert_runs_the_example_trainer(
+    what: &str,
+    container: &Value,
+    volumes: &Value,
+    annotations: &Value,
+) {
+    let command: Vec<&str> = container["command"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{what}: no command"))
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(command, ["python", "/opt/trainer/trainer.py"], "{what}");
+    let mount = container["volumeMounts"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["mountPath"] == "/opt/trainer"))
+        .unwrap_or_else(|| panic!("{what}: trainer not mounted"));
+    let volume = volumes
+        .as_array()
+        .and_then(|vs| vs.iter().find(|v| v["name"] == mount["name"]))
+        .unwrap_or_else(|| panic!("{what}: no volume {}", mount["name"]));
+    assert_eq!(volume["configMap"]["name"], "research-trainer", "{what}");
+    let env = |name: &str| {
+        container["env"]
+            .as_array()
+            .and_then(|e| e.iter().find(|e| e["name"] == name))
+            .map(|e| e["value"].clone())
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(
+        env("CHECKPOINT_PORT"),
+        annotations[nightshift::vocabulary::CHECKPOINT_PORT_ANNOTATION],
+        "{what}: the trainer listens where nightshift will call"
+    );
+    assert!(env("CHECKPOINT_DIR").is_string(), "{what}");
+    // The webhook sets the notice file; a value here would point elsewhere.
+    assert!(
+        env(nightshift::vocabulary::NOTICE_FILE_ENV).is_null(),
+        "{what}"
+    );
+}
+
+#[test]
+fn research_examples_run_the_trainer_that_checkpoints_on_notices() {
+    let Some(ws) = Workspace::new() else { return };
+    let research = render(&ws, "research");
+    let config_map = research.get("ConfigMap", "research-trainer");
+    assert_eq!(config_map["metadata"]["namespace"], "research");
+    let script = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("manifests/examples/research/trainer.py"),
+    )
+    .expect("trainer.py");
+    assert_eq!(config_map["data"]["trainer.py"], script.as_str());
+
+    let job = research.get("Job", "sft-llama-8b");
+    let template = &job["spec"]["template"];
+    assert_runs_the_example_trainer(
+        "Job",
+        &template["spec"]["containers"][0],
+        &template["spec"]["volumes"],
+        &template["metadata"]["annotations"],
+    );
+
+    let workflow = research.get("WorkflowTemplate", "llm-research-pipeline");
+    let step = workflow["spec"]["templates"]
+        .as_array()
+        .and_then(|ts| ts.iter().find(|t| t["name"] == "step"))
+        .expect("step template");
+    assert_runs_the_example_trainer(
+        "WorkflowTemplate step",
+        &step["container"],
+        &workflow["spec"]["volumes"],
+        &step["metadata"]["annotations"],
+    );
+}
+
 #[test]
 fn monitoring_scrapes_the_admin_port_and_the_dashboard_charts_nightshift_metrics() {
     let Some(ws) = Workspace::new() else { return };
