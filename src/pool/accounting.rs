@@ -759,6 +759,39 @@ mod tests {
     }
 
     #[test]
+    fn a_checkpoint_endpoint_needs_a_port_an_address_and_a_plain_path() {
+        let names = Vocabulary::default();
+        let with = |port: &str, path: Option<&str>| {
+            let mut p = pod("res", "train")
+                .on("n1")
+                .gpus(1)
+                .research()
+                .annotation(CHECKPOINT_PORT_ANNOTATION, port);
+            if let Some(path) = path {
+                p = p.annotation(CHECKPOINT_PATH_ANNOTATION, path);
+            }
+            let mut pod = p.build();
+            pod.status.get_or_insert_default().pod_ip = Some("10.244.0.7".into());
+            pod_facts(&pod, &names).hook
+        };
+        let hook = with("8080", None).expect("hook");
+        assert_eq!(hook.url(), "http://10.244.0.7:8080/checkpoint");
+        assert_eq!(
+            with("9000", Some("/save")).expect("hook").url(),
+            "http://10.244.0.7:9000/save"
+        );
+        for (port, path) in [
+            ("0", None),
+            ("http", None),
+            ("70000", None),
+            ("8080", Some("@evil/x")),
+            ("8080", Some("/a b")),
+        ] {
+            assert_eq!(with(port, path), None, "{port} {path:?}");
+        }
+    }
+
+    #[test]
     fn a_readable_checkpoint_annotation_is_taken_and_a_garbled_one_ignored() {
         let names = Vocabulary::default();
         let at = Timestamp::from_second(1_900_000_000).expect("ts");

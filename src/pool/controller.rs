@@ -961,6 +961,73 @@ mod tests {
     }
 
     #[test]
+    fn a_reclaim_notice_is_told_lending_stops_where_the_replica_lands_and_the_preemption_counts() {
+        use crate::pool::reclaim::{Change, ServiceDemand};
+        use crate::vocabulary::RECLAIM_NOTICE_ANNOTATION;
+        let start = now() - jiff::SignedDuration::from_hours(1);
+        let mut c = loaded(
+            0,
+            vec![node("a", 8).build(), node("b", 8).build()],
+            vec![
+                pod("llm", "vllm-0").on("a").gpus(8).started(start).build(),
+                pod("res", "train")
+                    .on("b")
+                    .gpus(4)
+                    .research()
+                    .started(start)
+                    .build(),
+            ],
+        );
+        let service = |demand| ServiceDemand {
+            namespace: "llm".into(),
+            name: "vllm".into(),
+            demand: Some(demand),
+            replicas: 1,
+            gpus_per_replica: 8,
+        };
+        assert!(
+            c.notice_pass(&[service(0.9)], now()).is_empty(),
+            "a standby tells nothing"
+        );
+        c.set_leader(true);
+        let changes = c.notice_pass(&[service(0.9)], now());
+        assert!(
+            matches!(&changes[..], [Change::Give { name, .. }] if name == "train"),
+            "{changes:?}"
+        );
+        let told: Vec<&str> = c.take_notices().iter().map(|n| n.reason).collect();
+        assert_eq!(told, ["ReclaimNotice"]);
+        // b has 4 free GPUs but the next replica lands there: not lent meanwhile.
+        c.reconcile(now(), tokio::time::Instant::now());
+        let b = c.plan().nodes.iter().find(|n| n.name == "b").expect("b");
+        assert_eq!((b.verdict, b.spare_gpus), (Verdict::Reclaiming, None));
+        // The scheduler preempts it 90 s after the notice: counted as noticed, with its lead.
+        let at = now() + jiff::SignedDuration::from_secs(90);
+        let preempted = pod("res", "train")
+            .on("b")
+            .gpus(4)
+            .research()
+            .started(start)
+            .annotation(RECLAIM_NOTICE_ANNOTATION, &now().to_string())
+            .disrupted("PreemptionByScheduler", at)
+            .build();
+        c.on_pod_event(watcher::Event::Apply(preempted), at);
+        let text = encode(c.metrics());
+        assert!(
+            text.contains("nightshift_pool_preempted_research_pods_total{noticed=\"true\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nightshift_pool_reclaim_notice_lead_seconds_sum 90.0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nightshift_pool_reclaim_notices_total{outcome=\"given\"} 1"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn nothing_is_patched_before_both_caches_are_synced() {
         let mut c = Controller::new(policy(0), Metrics::default());
         c.set_leader(true);

@@ -697,7 +697,7 @@ fn documents(path: &Path) -> Result<Vec<Value>> {
 
 /// Directory of the CRD files: `$NIGHTSHIFT_E2E_CRD_DIR`, else fetched (once, cached) by
 /// `tests/e2e/fetch-crds.sh`.
-fn crd_dir() -> Result<PathBuf> {
+pub fn crd_dir() -> Result<PathBuf> {
     if let Some(d) = std::env::var_os(CRD_DIR_ENV) {
         return Ok(PathBuf::from(d));
     }

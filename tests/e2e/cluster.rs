@@ -617,9 +617,11 @@ async fn boot(env: &Env, bin: &Path, dir: &Path) -> Result<(kube::Client, String
             format!("--config={}", stages.display()),
             s("--manage-all-nodes=false"),
             s("--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake"),
-            // Fake pod and node addresses; nothing is ever sent to them.
+            // Fake pod addresses, nothing is ever sent to them; nodes (and so host-network
+            // pods) get this machine's address, where a scenario's test server can answer
+            // them (the reclaim notice's checkpoint call).
             s("--cidr=10.244.0.0/16"),
-            s("--node-ip=10.240.0.1"),
+            format!("--node-ip={}", crate::process::host_ip()?),
         ],
     )?;
 

@@ -567,7 +567,7 @@ pub fn adapt_scaled_object(
     Ok(so)
 }
 
-fn read_example(file: &str) -> Result<Value> {
+pub fn read_example(file: &str) -> Result<Value> {
     let path = binary::manifests_dir().join("examples/vllm").join(file);
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;

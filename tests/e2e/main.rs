@@ -22,6 +22,7 @@ mod harvest;
 mod keda_loop;
 mod keda_push;
 mod keda_stack;
+mod notice;
 mod objects;
 mod packing;
 mod process;
@@ -95,6 +96,9 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         ),
         ("keda_push_stream_wakes_a_service_scaled_to_zero", |c| {
             Box::pin(keda_push::run(c))
+        }),
+        ("notice_warns_research_before_the_scheduler_preempts", |c| {
+            Box::pin(notice::run(c))
         }),
     ]
 }

@@ -89,20 +89,7 @@ async fn scenario(c: &Cluster) -> Result<()> {
         None,
     )?;
 
-    let token = kubectl_ok(
-        c,
-        &[
-            "-n",
-            NAMESPACE,
-            "create",
-            "token",
-            SERVICE_ACCOUNT,
-            "--duration=1h",
-        ],
-        None,
-    )?;
-    let kubeconfig = ws.root().join("serviceaccount.kubeconfig");
-    token_kubeconfig(c, token.trim(), &kubeconfig)?;
+    let kubeconfig = service_account_kubeconfig(c, &ws)?;
     let sa = format!("system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}");
     // The token really is the ServiceAccount's, with the base rules and no more.
     let whoami = kubectl_ok(
@@ -122,6 +109,7 @@ async fn scenario(c: &Cluster) -> Result<()> {
         ("patch", "nodes", true),
         ("list", "endpointslices.discovery.k8s.io", true),
         ("create", "pods", false),
+        ("patch", "pods", true),
         ("delete", "pods", false),
         ("update", "nodes", false),
         ("get", "secrets", false),
@@ -247,6 +235,11 @@ async fn scenario(c: &Cluster) -> Result<()> {
         "the scaler was refused: {answer}"
     );
 
+    // Pool controller, reclaim notices: it lists the ScaledObjects and reads a nightshift
+    // trigger's scale target. KEDA is not running yet: its CRD is applied as KEDA's start
+    // applies it (server-side, so that the later apply is the same one).
+    scaled_object_seen(c, &sa).await?;
+
     // The Lease is renewed (update) within a few seconds: wait for one renewal so that every
     // leader-election verb has been used.
     let leases: Api<Lease> = Api::namespaced(c.client.clone(), NAMESPACE);
@@ -264,10 +257,7 @@ async fn scenario(c: &Cluster) -> Result<()> {
     ns.check_running()?;
     rbac_matches_audit(c, &sa).await?;
     let log = ns.log();
-    let refused: Vec<&str> = log
-        .lines()
-        .filter(|l| l.to_lowercase().contains("forbidden"))
-        .collect();
+    let refused = forbidden_lines(&ns);
     ensure!(
         refused.is_empty(),
         "nightshift under the ServiceAccount was refused API calls:\n{}",
@@ -279,6 +269,99 @@ async fn scenario(c: &Cluster) -> Result<()> {
         log.lines().count()
     );
     Ok(())
+}
+
+/// Applies KEDA's ScaledObject CRD, a Deployment of no replica and a ScaledObject whose
+/// nightshift trigger names the scaler's Service, and waits until nightshift (as `sa`) has read
+/// the Deployment, the last call of a reclaim-notice pass, in the API server's audit log.
+async fn scaled_object_seen(c: &Cluster, sa: &str) -> Result<()> {
+    let crd = crate::admission::crd_dir()?.join("keda.sh_scaledobjects.yaml");
+    kubectl_ok(
+        c,
+        &["apply", "--server-side", "-f", &crd.display().to_string()],
+        None,
+    )?;
+    kubectl_ok(
+        c,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/scaledobjects.keda.sh",
+        ],
+        None,
+    )?;
+    let deployment = objects::inference_deployment("vllm", 0, 4)?;
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(c.client.clone(), NS);
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await?;
+    let so = json!({
+        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+        "metadata": {"name": "vllm", "namespace": NS},
+        "spec": {
+            "scaleTargetRef": {"name": "vllm"},
+            "triggers": [{"type": "external", "metadata": {
+                "scalerAddress": "nightshift.nightshift-system:9090",
+                "service": "vllm", "waitingTarget": "1",
+            }}],
+        },
+    });
+    kubectl_ok(c, &["apply", "-f", "-"], Some(&so.to_string()))?;
+    let t = Instant::now();
+    wait::until(
+        "nightshift reading the ScaledObject's scale target",
+        STEP,
+        || async {
+            let text = std::fs::read_to_string(&c.audit_log)?;
+            let read = text.lines().any(|l| {
+                l.contains(sa)
+                    && l.contains("\"resource\":\"deployments\"")
+                    && l.contains("\"verb\":\"get\"")
+            });
+            Ok(if read {
+                Check::Done(())
+            } else {
+                Check::Pending("no read of the Deployment yet".into())
+            })
+        },
+    )
+    .await?;
+    eprintln!(
+        "rbac: ScaledObject listed and its Deployment read {:.2} s after it was created",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// A kubeconfig in `ws` with a token of the base manifests' ServiceAccount (whose overlay must
+/// be applied): nightshift started with it has the base rules and nothing else.
+pub fn service_account_kubeconfig(c: &Cluster, ws: &Workspace) -> Result<std::path::PathBuf> {
+    let token = kubectl_ok(
+        c,
+        &[
+            "-n",
+            NAMESPACE,
+            "create",
+            "token",
+            SERVICE_ACCOUNT,
+            "--duration=1h",
+        ],
+        None,
+    )?;
+    let kubeconfig = ws.root().join("serviceaccount.kubeconfig");
+    token_kubeconfig(c, token.trim(), &kubeconfig)?;
+    Ok(kubeconfig)
+}
+
+/// Lines of nightshift's log that mention a refused API call.
+pub fn forbidden_lines(ns: &Nightshift) -> Vec<String> {
+    ns.log()
+        .lines()
+        .filter(|l| l.to_lowercase().contains("forbidden"))
+        .map(str::to_string)
+        .collect()
 }
 
 /// nightshift's Events in the list about the `kind` named `name`, with `reason`.
@@ -541,9 +624,15 @@ async fn rbac_matches_audit(c: &Cluster, sa: &str) -> Result<()> {
     /// webhook's cache (created a moment before): not forced here.
     /// An Event is patched only when the same one repeats within minutes (kube's recorder
     /// counts it in a series): one preemption per pod does not.
+    /// A reclaim notice (pods and pods/status patched) needs a research pod the scheduler is
+    /// about to preempt: the notice scenario gives one, under the same ServiceAccount, and
+    /// asserts nothing of nightshift's was refused. A StatefulSet scale target is not made here.
     const NOT_EXERCISED: &[(&str, &str, &str)] = &[
         ("", "namespaces", "get"),
         ("events.k8s.io", "events", "patch"),
+        ("", "pods", "patch"),
+        ("", "pods/status", "patch"),
+        ("apps", "statefulsets", "get"),
     ];
 
     let expand = |rules: Option<Vec<PolicyRule>>| -> BTreeSet<Grant> {

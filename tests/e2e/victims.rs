@@ -86,6 +86,14 @@ impl VictimWatch {
         self.research.lock().map(|s| s.len()).unwrap_or(0)
     }
 
+    /// Names of the research victims seen so far.
+    pub fn research_names(&self) -> Vec<String> {
+        self.research
+            .lock()
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// Victims that were not research pods (there must be none).
     pub fn inference(&self) -> usize {
         self.inference.lock().map(|s| s.len()).unwrap_or(0)
