@@ -325,8 +325,7 @@ impl Deliverer {
                 "service": service,
                 "reason": "InferenceScalingUp",
             });
-            let result = this.http.post(hook.url()).json(&body).send().await;
-            match result.and_then(reqwest::Response::error_for_status) {
+            match post(&this.http, &hook.url(), &body).await {
                 Ok(_) => {
                     tracing::info!(%pod, url = %hook.url(), "checkpoint endpoint called");
                     this.count("ok");
@@ -345,6 +344,16 @@ impl Deliverer {
             .get_or_create(&ResultLabel { result })
             .inc();
     }
+}
+
+/// One POST of a notice; an answer other than 2xx is an error.
+async fn post(http: &reqwest::Client, url: &str, body: &serde_json::Value) -> reqwest::Result<()> {
+    http.post(url)
+        .json(body)
+        .send()
+        .await?
+        .error_for_status()
+        .map(drop)
 }
 
 /// Whether nightshift may call this address for a pod. A pod's address is given by the
@@ -432,6 +441,48 @@ mod tests {
             assert!(!allowed(&hook(ip)), "{ip}");
         }
         assert_eq!(hook("fd00::7").url(), "http://[fd00::7]:8080/checkpoint");
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_endpoint_that_never_answers_is_given_up_after_the_timeout() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}/checkpoint", listener.local_addr().expect("addr"));
+        // Accepts, reads nothing, never answers.
+        let hung = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s);
+            }
+        });
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_millis(200))
+            .build()
+            .expect("client");
+        let t = std::time::Instant::now();
+        let err = post(&client, &url, &json!({}))
+            .await
+            .expect_err("no answer");
+        assert!(err.is_timeout(), "{err}");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        hung.abort();
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_endpoint_answering_an_error_is_an_error() {
+        let app = axum::Router::new().route(
+            "/checkpoint",
+            axum::routing::post(|| async { axum::http::StatusCode::INTERNAL_SERVER_ERROR }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}/checkpoint", listener.local_addr().expect("addr"));
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let client = reqwest::Client::new();
+        assert!(post(&client, &url, &json!({"pod": "a/b"})).await.is_err());
+        server.abort();
     }
 
     #[test]
