@@ -42,6 +42,9 @@ pub struct ResearchPod {
     pub age_seconds: Option<i64>,
     /// `DisruptionTarget` reason, when the pod is being or was disrupted.
     pub disruption: Option<String>,
+    /// When the pod was given a reclaim notice that still stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noticed: Option<Timestamp>,
 }
 
 impl ResearchPod {
@@ -54,6 +57,7 @@ impl ResearchPod {
             gpus: p.gpus,
             age_seconds: p.created.map(|c| now.duration_since(c).as_secs().max(0)),
             disruption: p.disruption.as_ref().map(|d| d.reason.clone()),
+            noticed: p.noticed,
         }
     }
 }

@@ -71,6 +71,9 @@ pub struct NamespaceUse {
     pub gpu_hours_lent: f64,
     pub preemptions: u64,
     pub gpu_hours_lost: f64,
+    /// Research pods under a reclaim notice now (inference needs their GPUs soon).
+    #[serde(default)]
+    pub under_notice: u64,
 }
 
 /// One preempted (or otherwise disrupted) research pod.
@@ -85,6 +88,9 @@ pub struct Preemption {
     pub ran_seconds: Option<i64>,
     /// GPU-hours since the pod's last checkpoint (or start).
     pub gpu_hours_lost: Option<f64>,
+    /// Seconds between the pod's reclaim notice and its preemption (`None`: no notice).
+    #[serde(default)]
+    pub warned_seconds: Option<i64>,
 }
 
 /// Where the history in memory comes from.
@@ -205,6 +211,7 @@ pub fn build(report: &StatusReport, timeline: Timeline<'_>, namespace: Option<&s
                 gpu_hours_lent: hours(n.lent_gpu_seconds),
                 preemptions: n.preemptions,
                 gpu_hours_lost: hours(n.lost_gpu_seconds),
+                under_notice: 0,
             },
         );
     }
@@ -216,9 +223,13 @@ pub fn build(report: &StatusReport, timeline: Timeline<'_>, namespace: Option<&s
             gpu_hours_lent: 0.0,
             preemptions: 0,
             gpu_hours_lost: 0.0,
+            under_notice: 0,
         });
         if p.node.is_none() && p.phase == "Pending" {
             u.waiting_pods += 1;
+        }
+        if p.noticed.is_some() {
+            u.under_notice += 1;
         }
     }
     let preemptions = report
@@ -234,6 +245,7 @@ pub fn build(report: &StatusReport, timeline: Timeline<'_>, namespace: Option<&s
             gpus: d.gpus,
             ran_seconds: d.ran_seconds,
             gpu_hours_lost: d.lost_gpu_seconds.map(hours),
+            warned_seconds: d.noticed.map(|n| d.at.duration_since(n).as_secs().max(0)),
         })
         .collect();
     let now = report.generated_at.as_second();
@@ -535,21 +547,23 @@ fn namespaces(out: &mut String, view: &View) {
         out.push_str(
             "<table id=\"namespaces\"><tr><th>Namespace</th><th class=\"n\">GPUs now</th>\
              <th class=\"n\">Pods waiting</th><th class=\"n\">GPU-hours lent</th>\
-             <th class=\"n\">Preemptions</th><th class=\"n\">GPU-hours lost</th></tr>",
+             <th class=\"n\">Preemptions</th><th class=\"n\">GPU-hours lost</th>\
+             <th class=\"n\">Under reclaim notice</th></tr>",
         );
         for n in &view.namespaces {
             let _ = write!(
                 out,
                 "<tr><td><a href=\"?namespace={}\">{}</a></td><td class=\"n\">{}</td>\
                  <td class=\"n\">{}</td><td class=\"n\">{:.1}</td><td class=\"n\">{}</td>\
-                 <td class=\"n\">{:.1}</td></tr>",
+                 <td class=\"n\">{:.1}</td><td class=\"n\">{}</td></tr>",
                 query_escape(&n.namespace),
                 esc(&n.namespace),
                 n.gpus_now,
                 n.waiting_pods,
                 n.gpu_hours_lent,
                 n.preemptions,
-                n.gpu_hours_lost
+                n.gpu_hours_lost,
+                n.under_notice
             );
         }
         out.push_str("</table>");
@@ -557,7 +571,9 @@ fn namespaces(out: &mut String, view: &View) {
     out.push_str(
         "<p class=\"meta\">Counted since this nightshift replica started. Work lost is \
          GPUs × time since the pod's last checkpoint (annotation \
-         <code>nightshift.io/checkpointed-at</code>) or its start.</p>",
+         <code>nightshift.io/checkpointed-at</code>) or its start. A pod under reclaim notice \
+         is about to be preempted for inference: it should checkpoint now \
+         (<code>nightshift.io/reclaim-notice</code>).</p>",
     );
 }
 
@@ -570,13 +586,13 @@ fn preemptions(out: &mut String, view: &View) {
         out.push_str(
             "<table id=\"preemptions\"><tr><th>When (UTC)</th><th>Namespace</th><th>Pod</th>\
              <th>Node</th><th>Reason</th><th class=\"n\">GPUs</th><th class=\"n\">Had run</th>\
-             <th class=\"n\">GPU-hours lost</th></tr>",
+             <th class=\"n\">GPU-hours lost</th><th class=\"n\">Warned before</th></tr>",
         );
         for d in &view.preemptions {
             let _ = write!(
                 out,
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td>\
-                 <td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+                 <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
                 d.at.strftime("%Y-%m-%d %H:%M:%S"),
                 esc(&d.namespace),
                 esc(&d.pod),
@@ -585,7 +601,9 @@ fn preemptions(out: &mut String, view: &View) {
                 d.gpus,
                 d.ran_seconds.map_or_else(|| "-".to_string(), age),
                 d.gpu_hours_lost
-                    .map_or_else(|| "-".to_string(), |h| format!("{h:.1}"))
+                    .map_or_else(|| "-".to_string(), |h| format!("{h:.1}")),
+                d.warned_seconds
+                    .map_or_else(|| "no notice".to_string(), age)
             );
         }
         out.push_str("</table>");
@@ -878,6 +896,7 @@ mod tests {
                 gpus: Some(1),
                 age_seconds: Some(5),
                 disruption: None,
+                noticed: Some(now()),
             }],
             namespaces: vec![NamespaceStatus {
                 namespace: "team-a".into(),
@@ -896,7 +915,7 @@ mod tests {
                 at: now(),
                 lost_gpu_seconds: Some(1800),
                 uid: Some("u1".into()),
-                noticed: None,
+                noticed: Some(now() - jiff::SignedDuration::from_mins(10)),
                 owner: None,
             }],
         }
@@ -922,6 +941,8 @@ mod tests {
         assert_eq!(v.namespaces[0].gpu_hours_lost, 0.5);
         assert_eq!(v.namespaces[1].waiting_pods, 1);
         assert_eq!(v.preemptions[0].gpu_hours_lost, Some(0.5));
+        assert_eq!(v.preemptions[0].warned_seconds, Some(600));
+        assert_eq!(v.namespaces[1].under_notice, 1);
     }
 
     #[test]
