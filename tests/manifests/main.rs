@@ -538,7 +538,7 @@ fn service_exposes_scaler_webhook_admin_and_view_ports() {
 }
 
 #[test]
-fn rbac_reads_cluster_state_and_writes_only_node_labels_and_its_lease() {
+fn rbac_reads_cluster_state_and_writes_only_node_labels_notices_and_its_lease() {
     let Some(ws) = workspace() else { return };
     let base = ws.render("manifests/base");
     let role = base.get("ClusterRole", "nightshift");
@@ -569,8 +569,13 @@ fn rbac_reads_cluster_state_and_writes_only_node_labels_and_its_lease() {
             expect("", "namespaces", &["get", "list", "watch"]),
             expect("", "nodes", &["list", "patch", "watch"]),
             expect("", "pods", &["list", "watch"]),
+            expect("", "pods", &["patch"]),
+            expect("", "pods/status", &["patch"]),
+            expect("apps", "deployments", &["get"]),
+            expect("apps", "statefulsets", &["get"]),
             expect("discovery.k8s.io", "endpointslices", &["list", "watch"]),
             expect("events.k8s.io", "events", &["create", "patch"]),
+            expect("keda.sh", "scaledobjects", &["list"]),
             expect("scheduling.k8s.io", "priorityclasses", &["list", "watch"]),
         ]
     );
