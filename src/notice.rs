@@ -31,12 +31,14 @@ pub struct NoticePolicy {
 
 impl Default for NoticePolicy {
     /// The settings the live controller and the simulator start from (tuned on the simulator's
-    /// default scenario, see docs/simulator.md): a ten-minute window of demand peaks, a notice
-    /// half a replica ahead, withdrawn a quarter replica further back.
+    /// default scenario, see docs/simulator.md, "Reclaim notice"): a ten-minute window of demand
+    /// peaks, a notice once the peak is 0.8 replica short of the next one (0.5 warned too late
+    /// and a window of 20 minutes or a margin of 1 and more held back more lending than it
+    /// saved), withdrawn a quarter replica further back.
     fn default() -> Self {
         Self {
             window_s: 600.0,
-            margin: 0.5,
+            margin: 0.8,
             hysteresis: 0.25,
         }
     }
@@ -60,12 +62,20 @@ impl NoticePolicy {
         if demand.is_finite() && demand >= 0.0 {
             watch.recent.push_back((now, demand));
         }
-        while watch
-            .recent
-            .front()
-            .is_some_and(|&(t, _)| t < now - self.window_s)
+        // Readings older than the window leave; with no window only the latest stays.
+        while watch.recent.len() > 1
+            && watch
+                .recent
+                .front()
+                .is_some_and(|&(t, _)| t < now - self.window_s || self.window_s <= 0.0)
         {
             watch.recent.pop_front();
+        }
+        if watch.recent.is_empty() {
+            // No reading yet: nothing to warn about (a service at zero replicas and no demand
+            // is not about to need its first).
+            watch.covered = 0;
+            return 0;
         }
         let peak = watch.recent.iter().map(|&(_, d)| d).fold(0.0, f64::max);
         // Raised once the peak is within `margin` of the next replica; kept while it stays
@@ -171,7 +181,9 @@ fn pick_node<Id>(nodes: &[NodeRoom<Id>], gpus: u32) -> Option<(usize, Vec<usize>
         let better = match &best {
             None => true,
             // Fewest victims; then the latest start of the earliest-started victim.
-            Some((_, v, e)) => victims.len() < v.len() || (victims.len() == v.len() && earliest > *e),
+            Some((_, v, e)) => {
+                victims.len() < v.len() || (victims.len() == v.len() && earliest > *e)
+            }
         };
         if better {
             best = Some((n, victims, earliest));
@@ -189,7 +201,11 @@ fn victims_on_node<Id>(node: &NodeRoom<Id>, gpus: u32) -> Option<Vec<usize>> {
         return None;
     }
     let mut by_importance: Vec<usize> = (0..node.research.len()).collect();
-    by_importance.sort_by(|&a, &b| node.research[a].started.total_cmp(&node.research[b].started));
+    by_importance.sort_by(|&a, &b| {
+        node.research[a]
+            .started
+            .total_cmp(&node.research[b].started)
+    });
     let mut victims = Vec::new();
     for i in by_importance {
         let g = node.research[i].gpus;
@@ -253,9 +269,21 @@ mod tests {
             ..policy()
         };
         let mut w = Watch::default();
-        assert_eq!(p.update(&mut w, 0.0, 2.8, 3), 1, "a burst near the next replica");
-        assert_eq!(p.update(&mut w, 300.0, 1.5, 3), 1, "still within the window");
-        assert_eq!(p.update(&mut w, 700.0, 1.5, 3), 0, "the burst left the window");
+        assert_eq!(
+            p.update(&mut w, 0.0, 2.8, 3),
+            1,
+            "a burst near the next replica"
+        );
+        assert_eq!(
+            p.update(&mut w, 300.0, 1.5, 3),
+            1,
+            "still within the window"
+        );
+        assert_eq!(
+            p.update(&mut w, 700.0, 1.5, 3),
+            0,
+            "the burst left the window"
+        );
     }
 
     #[test]
@@ -318,7 +346,12 @@ mod tests {
     fn the_most_recently_started_leave_and_the_earliest_are_reprieved() {
         let mut nodes = vec![NodeRoom {
             free: 1,
-            research: vec![pod(1, 1, 100.0), pod(2, 1, 50.0), pod(3, 1, 200.0), pod(4, 1, 10.0)],
+            research: vec![
+                pod(1, 1, 100.0),
+                pod(2, 1, 50.0),
+                pod(3, 1, 200.0),
+                pod(4, 1, 10.0),
+            ],
         }];
         // Needs 3: 1 free + two victims, the two latest started (3 at 200, 1 at 100).
         let mut v = predict_victims(&mut nodes, 1, 3);
