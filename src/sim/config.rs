@@ -240,6 +240,9 @@ pub struct ResearchConfig {
     /// seconds of work are unsaved (at once if that many already are when the notice comes), for
     /// as long as the notice lasts.
     pub notice_checkpoint_every_s: f64,
+    /// Most checkpoints the trainer writes under one notice (0: it never checkpoints on a
+    /// notice, only exits at once on SIGTERM).
+    pub notice_checkpoints_max: u32,
 }
 
 impl Default for ResearchConfig {
@@ -256,6 +259,7 @@ impl Default for ResearchConfig {
             // lot of unsaved work; 300-900 s lost more in the sweep (docs/simulator.md, "Reclaim
             // notice").
             notice_checkpoint_every_s: 1200.0,
+            notice_checkpoints_max: u32::MAX,
         }
     }
 }

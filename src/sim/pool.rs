@@ -7,8 +7,8 @@
 //! checkpoint when preempted. With reclaim notices ([`Pool::notice`], the same victim
 //! prediction), the jobs the next replicas will displace are warned, and their trainer keeps
 //! its unsaved work short while the notice lasts: it writes a checkpoint whenever
-//! `notice_checkpoint_every_s` of work are unsaved, training nothing while it writes. Owns GPU
-//! and research accounting only.
+//! `notice_checkpoint_every_s` of work are unsaved (at most `notice_checkpoints_max` times per
+//! notice), training nothing while it writes. Owns GPU and research accounting only.
 
 use std::collections::VecDeque;
 
@@ -52,6 +52,8 @@ struct Job {
     notice_saved: f64,
     /// When the reclaim notice it holds was given, if it holds one.
     notice_at: Option<f64>,
+    /// Checkpoints started under the notice it holds.
+    notice_writes: u32,
     /// The notice checkpoint it is writing, if any.
     writing: Option<Writing>,
     /// When preempted: the time it leaves (its grace period ends, or sooner).
@@ -210,22 +212,14 @@ impl Pool {
     pub fn notice(&mut self, now: f64, replicas: u32, gpus: u32) {
         let mut rooms = self.rooms();
         let victims = notice::predict_victims(&mut rooms, replicas, gpus);
-        let ci = self.research.checkpoint_interval_s;
-        let every = self.research.notice_checkpoint_every_s;
-        let write_s = self.research.notice_checkpoint_s;
         for job in self.jobs.iter_mut().filter(|j| j.leaves_at.is_none()) {
             let chosen = victims.contains(&job.id);
             match (chosen, job.notice_at) {
                 (true, None) => {
                     job.notice_at = Some(now);
+                    job.notice_writes = 0;
                     self.stats.notices += 1;
-                    if job.writing.is_none() && unsaved(job, ci) >= every {
-                        job.writing = Some(Writing {
-                            start: now,
-                            done_at: now + write_s,
-                            progress: job.progress,
-                        });
-                    }
+                    checkpoint_if_due(job, now, &self.research);
                 }
                 (false, Some(_)) => {
                     job.notice_at = None;
@@ -326,17 +320,7 @@ impl Pool {
                         }
                     }
                     job.progress += training;
-                    if job.notice_at.is_some()
-                        && job.writing.is_none()
-                        && unsaved(job, self.research.checkpoint_interval_s)
-                            >= self.research.notice_checkpoint_every_s
-                    {
-                        job.writing = Some(Writing {
-                            start: now,
-                            done_at: now + self.research.notice_checkpoint_s,
-                            progress: job.progress,
-                        });
-                    }
+                    checkpoint_if_due(job, now, &self.research);
                     if job.progress >= duration {
                         node.research -= job.gpus;
                         self.stats.completed_jobs += 1;
@@ -377,6 +361,7 @@ impl Pool {
                 progress,
                 notice_saved: progress,
                 notice_at: None,
+                notice_writes: 0,
                 writing: None,
                 leaves_at: None,
             });
@@ -389,6 +374,24 @@ impl Pool {
 fn saved(job: &Job, ci: f64) -> f64 {
     let periodic = (job.progress / ci).floor() * ci;
     periodic.max(job.notice_saved)
+}
+
+/// The trainer under notice: it starts a checkpoint at `now` when `notice_checkpoint_every_s`
+/// of work are unsaved, unless it is writing one or has written `notice_checkpoints_max` under
+/// this notice already.
+fn checkpoint_if_due(job: &mut Job, now: f64, research: &ResearchConfig) {
+    if job.notice_at.is_some()
+        && job.writing.is_none()
+        && job.notice_writes < research.notice_checkpoints_max
+        && unsaved(job, research.checkpoint_interval_s) >= research.notice_checkpoint_every_s
+    {
+        job.notice_writes += 1;
+        job.writing = Some(Writing {
+            start: now,
+            done_at: now + research.notice_checkpoint_s,
+            progress: job.progress,
+        });
+    }
 }
 
 /// Seconds of `job`'s work a preemption would lose now.
@@ -408,6 +411,7 @@ mod tests {
             grace_period_s: 30.0,
             notice_checkpoint_s: 120.0,
             notice_checkpoint_every_s: 300.0,
+            notice_checkpoints_max: u32::MAX,
         }
     }
 
@@ -551,6 +555,23 @@ mod tests {
         run_to(&mut pool, 1740, 2400);
         assert!(pool.jobs[0].writing.is_none());
         assert_eq!(pool.stats.notice_checkpoint_gpu_s, 240.0 * 4.0);
+    }
+
+    #[test]
+    fn at_most_the_configured_checkpoints_per_notice() {
+        let mut pool = warned_job();
+        pool.research.notice_checkpoints_max = 1;
+        run_to(&mut pool, 1000, 2400);
+        assert_eq!(
+            pool.stats.notice_checkpoint_gpu_s,
+            120.0 * 4.0,
+            "only the first"
+        );
+        // A new notice may write again.
+        pool.notice(2400.0, 0, 4);
+        pool.notice(2400.0, 1, 4);
+        run_to(&mut pool, 2400, 2401);
+        assert!(pool.jobs[0].writing.is_some());
     }
 
     #[test]
