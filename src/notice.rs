@@ -16,6 +16,7 @@
 //!   on each node, every research pod is a potential victim and the most important ones (the
 //!   earliest started) are reprieved as long as the pod still fits; the node chosen is the one
 //!   with the fewest victims, then the one whose earliest-started victim started last.
+//! - **Lend more?** Not while a notice is out ([`may_lend`]).
 
 /// When to give and withdraw notices. Margin and hysteresis in replicas of demand.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -100,6 +101,13 @@ fn next_replicas(level: f64) -> u32 {
     }
     // Saturates for absurd demand; a pool has far fewer replicas than u32::MAX.
     (level.floor() + 1.0).min(f64::from(u32::MAX)) as u32
+}
+
+/// Whether the controller may lend more GPUs to research while `warned` research pods hold a
+/// notice: only when none does. A pod started now would be the newest, hence the scheduler's
+/// first victim in place of a warned one, and it would lose its work without notice.
+pub fn may_lend(warned: usize) -> bool {
+    warned == 0
 }
 
 /// A research pod as the scheduler weighs it when choosing victims.
@@ -292,6 +300,12 @@ mod tests {
         let mut w = Watch::default();
         assert_eq!(p.update(&mut w, 0.0, f64::NAN, 3), 0);
         assert_eq!(p.update(&mut w, 0.0, -5.0, 0), 0);
+    }
+
+    #[test]
+    fn nothing_more_is_lent_while_a_notice_is_out() {
+        assert!(may_lend(0));
+        assert!(!may_lend(1));
     }
 
     fn pod(id: u32, gpus: u32, started: f64) -> Candidate<u32> {

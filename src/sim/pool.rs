@@ -332,11 +332,10 @@ impl Pool {
             i += 1;
         }
         let g = self.research.gpus_per_job;
-        // While a notice is out nothing more is lent: any job started now would be the newest,
-        // hence the scheduler's first victim in place of the warned one.
-        let warned = self.jobs.iter().any(|j| j.notice_at.is_some());
+        // The controller's rule: nothing more is lent while a notice is out.
+        let warned = self.jobs.iter().filter(|j| j.notice_at.is_some()).count();
         loop {
-            if warned {
+            if !notice::may_lend(warned) {
                 break;
             }
             let free: u32 = self.nodes.iter().map(Node::unclaimed).sum();
