@@ -16,6 +16,7 @@
 //!   on each node, every research pod is a potential victim and the most important ones (the
 //!   earliest started) are reprieved as long as the pod still fits; the node chosen is the one
 //!   with the fewest victims, then the one whose earliest-started victim started last.
+//! - **Lend more?** Not while a notice is out ([`may_lend`]).
 
 /// When to give and withdraw notices. Margin and hysteresis in replicas of demand.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -31,12 +32,14 @@ pub struct NoticePolicy {
 
 impl Default for NoticePolicy {
     /// The settings the live controller and the simulator start from (tuned on the simulator's
-    /// default scenario, see docs/simulator.md): a ten-minute window of demand peaks, a notice
-    /// half a replica ahead, withdrawn a quarter replica further back.
+    /// default scenario, see docs/simulator.md, "Reclaim notice"): a ten-minute window of demand
+    /// peaks, a notice once the peak is 0.8 replica short of the next one (0.5 warned too late
+    /// and a window of 20 minutes or a margin of 1 and more held back more lending than it
+    /// saved), withdrawn a quarter replica further back.
     fn default() -> Self {
         Self {
             window_s: 600.0,
-            margin: 0.5,
+            margin: 0.8,
             hysteresis: 0.25,
         }
     }
@@ -67,12 +70,20 @@ impl NoticePolicy {
         if demand.is_finite() && demand >= 0.0 {
             watch.recent.push_back((now, demand));
         }
-        while watch
-            .recent
-            .front()
-            .is_some_and(|&(t, _)| t < now - self.window_s)
+        // Readings older than the window leave; with no window only the latest stays.
+        while watch.recent.len() > 1
+            && watch
+                .recent
+                .front()
+                .is_some_and(|&(t, _)| t < now - self.window_s || self.window_s <= 0.0)
         {
             watch.recent.pop_front();
+        }
+        if watch.recent.is_empty() {
+            // No reading yet: nothing to warn about (a service at zero replicas and no demand
+            // is not about to need its first).
+            watch.covered = 0;
+            return 0;
         }
         let peak = watch.recent.iter().map(|&(_, d)| d).fold(0.0, f64::max);
         // Raised once the peak is within `margin` of the next replica; kept while it stays
@@ -97,6 +108,13 @@ fn next_replicas(level: f64) -> u32 {
     }
     // Saturates for absurd demand; a pool has far fewer replicas than u32::MAX.
     (level.floor() + 1.0).min(f64::from(u32::MAX)) as u32
+}
+
+/// Whether the controller may lend more GPUs to research while `warned` research pods hold a
+/// notice: only when none does. A pod started now would be the newest, hence the scheduler's
+/// first victim in place of a warned one, and it would lose its work without notice.
+pub fn may_lend(warned: usize) -> bool {
+    warned == 0
 }
 
 /// A research pod as the scheduler weighs it when choosing victims.
@@ -289,6 +307,12 @@ mod tests {
         let mut w = Watch::default();
         assert_eq!(p.update(&mut w, 0.0, f64::NAN, 3), 0);
         assert_eq!(p.update(&mut w, 0.0, -5.0, 0), 0);
+    }
+
+    #[test]
+    fn nothing_more_is_lent_while_a_notice_is_out() {
+        assert!(may_lend(0));
+        assert!(!may_lend(1));
     }
 
     fn pod(id: u32, gpus: u32, started: f64) -> Candidate<u32> {

@@ -629,6 +629,10 @@ impl Controller {
         self.lending_open = self.policy.windows.open(now);
         self.plan = marks::plan(&self.ledger, self.policy.headroom, self.lending_open);
         self.plan.hold_back(self.reclaim.reclaiming());
+        if !crate::notice::may_lend(self.reclaim.given()) {
+            let all: BTreeSet<String> = self.plan.nodes.iter().map(|n| n.name.clone()).collect();
+            self.plan.hold_back(&all);
+        }
         let totals = self.ledger.totals();
         self.integrate_lent(totals.lent, self.ledger.lent_by_namespace(), instant);
         let set = |state: &'static str, v: u64| {
@@ -997,10 +1001,24 @@ mod tests {
         );
         let told: Vec<&str> = c.take_notices().iter().map(|n| n.reason).collect();
         assert_eq!(told, ["ReclaimNotice"]);
-        // b has 4 free GPUs but the next replica lands there: not lent meanwhile.
+        // b has 4 free GPUs but the next replica lands there, and c's 8 would make a newer
+        // research pod the scheduler's first victim instead of the warned one: nothing is lent
+        // while the notice is out.
+        c.on_node_event(watcher::Event::Apply(node("c", 8).build()));
         c.reconcile(now(), tokio::time::Instant::now());
-        let b = c.plan().nodes.iter().find(|n| n.name == "b").expect("b");
-        assert_eq!((b.verdict, b.spare_gpus), (Verdict::Reclaiming, None));
+        for name in ["b", "c"] {
+            let n = c
+                .plan()
+                .nodes
+                .iter()
+                .find(|n| n.name == name)
+                .expect("node");
+            assert_eq!(
+                (n.verdict, n.spare_gpus),
+                (Verdict::Reclaiming, None),
+                "{name}"
+            );
+        }
         // The scheduler preempts it 90 s after the notice: counted as noticed, with its lead.
         let at = now() + jiff::SignedDuration::from_secs(90);
         let preempted = pod("res", "train")

@@ -3,10 +3,12 @@
 //! Inference pods are placed first; when no node has room, research jobs are preempted the way
 //! the kube-scheduler does it ([`crate::notice::place`]: the node with the fewest victims, the
 //! most recently started leave; their grace period is waited out). Research jobs fill what is
-//! left (minus a headroom), checkpoint periodically and lose the work since their last checkpoint
-//! when preempted. With reclaim notices ([`Pool::notice`], the same victim prediction), the jobs
-//! the next replicas will displace write a checkpoint first. Owns GPU and research accounting
-//! only.
+//! left (minus a headroom), checkpoint periodically and lose the work since their last completed
+//! checkpoint when preempted. With reclaim notices ([`Pool::notice`], the same victim
+//! prediction), the jobs the next replicas will displace are warned, and their trainer keeps
+//! its unsaved work short while the notice lasts: it writes a checkpoint whenever
+//! `notice_checkpoint_every_s` of work are unsaved (at most `notice_checkpoints_max` times per
+//! notice), training nothing while it writes. Owns GPU and research accounting only.
 
 use std::collections::VecDeque;
 
@@ -45,18 +47,23 @@ struct Job {
     started: f64,
     /// Seconds of work done (saved or not).
     progress: f64,
-    /// Progress saved by a checkpoint written on a reclaim notice.
+    /// Progress saved by the latest completed notice checkpoint (or the checkpoint it resumed
+    /// from).
     notice_saved: f64,
-    /// The reclaim notice it holds, if any.
-    notice: Option<JobNotice>,
-    /// When preempted: the time its grace period ends.
+    /// When the reclaim notice it holds was given, if it holds one.
+    notice_at: Option<f64>,
+    /// Checkpoints started under the notice it holds.
+    notice_writes: u32,
+    /// The notice checkpoint it is writing, if any.
+    writing: Option<Writing>,
+    /// When preempted: the time it leaves (its grace period ends, or sooner).
     leaves_at: Option<f64>,
 }
 
-/// A reclaim notice given to a job: it writes a checkpoint of `progress` until `done_at`.
+/// A checkpoint being written from `start` to `done_at`, saving `progress`.
 #[derive(Clone, Copy, Debug)]
-struct JobNotice {
-    at: f64,
+struct Writing {
+    start: f64,
     done_at: f64,
     progress: f64,
 }
@@ -85,12 +92,12 @@ pub struct ResearchStats {
     /// Reclaim notices given, and of them withdrawn (demand fell back first).
     pub notices: u64,
     pub notices_withdrawn: u64,
-    /// Preemptions of jobs whose notice checkpoint was written; of jobs whose notice came too
-    /// late to finish it.
+    /// Preemptions of jobs under notice: not writing a checkpoint (their unsaved work kept
+    /// short), and caught writing one that cannot end within the grace period (lost).
     pub preempted_after_checkpoint: u64,
     pub preempted_during_checkpoint: u64,
-    /// GPU-seconds jobs spent writing notice checkpoints (no training meanwhile); included in
-    /// `lost_gpu_s`.
+    /// GPU-seconds jobs spent writing notice checkpoints (no training meanwhile), completed or
+    /// not; included in `lost_gpu_s`.
     pub notice_checkpoint_gpu_s: f64,
     /// Seconds from notice to preemption, for every preempted job that had one.
     #[serde(skip)]
@@ -199,29 +206,23 @@ impl Pool {
     }
 
     /// Reclaim notices for `replicas` more inference pods of `gpus` each: the jobs the scheduler
-    /// would preempt for them get a notice (and start a checkpoint); jobs holding a notice that
-    /// are no longer among them have it withdrawn.
+    /// would preempt for them get a notice (and checkpoint at once if enough work is unsaved);
+    /// jobs holding a notice that are no longer among them have it withdrawn (a checkpoint being
+    /// written is finished: it is paid for and will save).
     pub fn notice(&mut self, now: f64, replicas: u32, gpus: u32) {
         let mut rooms = self.rooms();
         let victims = notice::predict_victims(&mut rooms, replicas, gpus);
-        let checkpoint = self.research.notice_checkpoint_s;
         for job in self.jobs.iter_mut().filter(|j| j.leaves_at.is_none()) {
             let chosen = victims.contains(&job.id);
-            match (chosen, job.notice) {
+            match (chosen, job.notice_at) {
                 (true, None) => {
-                    job.notice = Some(JobNotice {
-                        at: now,
-                        done_at: now + checkpoint,
-                        progress: job.progress,
-                    });
+                    job.notice_at = Some(now);
+                    job.notice_writes = 0;
                     self.stats.notices += 1;
+                    checkpoint_if_due(job, now, &self.research);
                 }
-                (false, Some(n)) => {
-                    // A checkpoint already written stays on disk.
-                    if now >= n.done_at {
-                        job.notice_saved = job.notice_saved.max(n.progress);
-                    }
-                    job.notice = None;
+                (false, Some(_)) => {
+                    job.notice_at = None;
                     self.stats.notices_withdrawn += 1;
                 }
                 _ => {}
@@ -239,45 +240,54 @@ impl Pool {
         self.nodes[node].inference = self.nodes[node].inference.saturating_sub(gpus);
     }
 
-    /// Progress a job can resume from at `now`: its last periodic checkpoint or the checkpoint
-    /// written on a notice, whichever is later.
-    fn saved(&self, job: &Job, now: f64) -> f64 {
-        let ci = self.research.checkpoint_interval_s;
-        let periodic = (job.progress / ci).floor() * ci;
-        let noticed = match job.notice {
-            Some(n) if now >= n.done_at => n.progress,
-            _ => 0.0,
-        };
-        periodic.max(job.notice_saved).max(noticed)
-    }
-
     fn preempt(&mut self, i: usize, now: f64) {
         let job = self.jobs[i];
-        let saved = self.saved(&job, now);
-        // A job whose notice checkpoint is written has nothing left to save: it exits on SIGTERM
-        // at once instead of holding its GPUs for the grace period.
-        let checkpointed = job.notice.is_some_and(|n| now >= n.done_at);
-        let grace = if checkpointed {
-            0.0
-        } else {
-            self.research.grace_period_s
+        let ci = self.research.checkpoint_interval_s;
+        let grace = self.research.grace_period_s;
+        let write_s = self.research.notice_checkpoint_s;
+        let saved = saved(&job, ci);
+        let g = f64::from(job.gpus);
+        // What the job saves on SIGTERM and how long it holds its GPUs after it.
+        let (saved, hold) = match job.writing {
+            // A checkpoint that ends within the grace period is finished, then the job exits.
+            Some(w) if w.done_at <= now + grace => {
+                let hold = (w.done_at - now).max(0.0);
+                self.stats.notice_checkpoint_gpu_s += hold * g;
+                (saved.max(w.progress), hold)
+            }
+            // Killed at the end of the grace period, mid-write: the checkpoint is lost.
+            Some(_) => {
+                self.stats.notice_checkpoint_gpu_s += grace * g;
+                (saved, grace)
+            }
+            // A trainer under notice handles SIGTERM: it saves if a checkpoint fits in the
+            // grace period, and exits at once otherwise (nothing else it could save).
+            None if job.notice_at.is_some() => {
+                if write_s <= grace && job.progress > saved {
+                    self.stats.notice_checkpoint_gpu_s += write_s * g;
+                    (job.progress, write_s)
+                } else {
+                    (saved, 0.0)
+                }
+            }
+            // Without notice the trainer runs on until killed at the end of the grace period.
+            None => (saved, grace),
         };
-        let lost = (job.progress - saved) * f64::from(job.gpus) + grace * f64::from(job.gpus);
-        self.stats.lost_gpu_s += lost;
+        self.stats.lost_gpu_s += (job.progress - saved) * g + hold * g;
         self.stats.preemptions += 1;
-        if let Some(n) = job.notice {
-            self.stats.lead_times_s.push(now - n.at);
-            if now >= n.done_at {
-                self.stats.preempted_after_checkpoint += 1;
-            } else {
+        if let Some(at) = job.notice_at {
+            self.stats.lead_times_s.push(now - at);
+            if job.writing.is_some_and(|w| w.done_at > now + grace) {
                 self.stats.preempted_during_checkpoint += 1;
+            } else {
+                self.stats.preempted_after_checkpoint += 1;
             }
         }
         self.resume.push_back(saved);
         let node = &mut self.nodes[job.node];
         node.research -= job.gpus;
         node.terminating += job.gpus;
-        self.jobs[i].leaves_at = Some(now + grace);
+        self.jobs[i].leaves_at = Some(now + hold);
     }
 
     /// Advances research by `dt` ending at `now`: progress, completions, grace periods ending,
@@ -298,13 +308,19 @@ impl Pool {
                 Some(_) => {}
                 None => {
                     // Writing a notice checkpoint: no training meanwhile.
-                    let writing = job.notice.is_some_and(|n| now - dt < n.done_at);
-                    if writing {
-                        self.stats.notice_checkpoint_gpu_s += dt * f64::from(job.gpus);
-                        self.stats.lost_gpu_s += dt * f64::from(job.gpus);
-                    } else {
-                        job.progress += dt;
+                    let mut training = dt;
+                    if let Some(w) = job.writing {
+                        let writing = (now.min(w.done_at) - (now - dt).max(w.start)).max(0.0);
+                        training -= writing;
+                        self.stats.notice_checkpoint_gpu_s += writing * f64::from(job.gpus);
+                        self.stats.lost_gpu_s += writing * f64::from(job.gpus);
+                        if now >= w.done_at {
+                            job.notice_saved = job.notice_saved.max(w.progress);
+                            job.writing = None;
+                        }
                     }
+                    job.progress += training;
+                    checkpoint_if_due(job, now, &self.research);
                     if job.progress >= duration {
                         node.research -= job.gpus;
                         self.stats.completed_jobs += 1;
@@ -316,11 +332,10 @@ impl Pool {
             i += 1;
         }
         let g = self.research.gpus_per_job;
-        // While a notice is out nothing more is lent: any job started now would be the newest,
-        // hence the scheduler's first victim in place of the warned one.
-        let warned = self.jobs.iter().any(|j| j.notice.is_some());
+        // The controller's rule: nothing more is lent while a notice is out.
+        let warned = self.jobs.iter().filter(|j| j.notice_at.is_some()).count();
         loop {
-            if warned {
+            if !notice::may_lend(warned) {
                 break;
             }
             let free: u32 = self.nodes.iter().map(Node::unclaimed).sum();
@@ -344,11 +359,43 @@ impl Pool {
                 started: now,
                 progress,
                 notice_saved: progress,
-                notice: None,
+                notice_at: None,
+                notice_writes: 0,
+                writing: None,
                 leaves_at: None,
             });
         }
     }
+}
+
+/// Progress `job` can resume from: its last periodic checkpoint (every `ci` seconds of work)
+/// or its last completed notice checkpoint, whichever is later.
+fn saved(job: &Job, ci: f64) -> f64 {
+    let periodic = (job.progress / ci).floor() * ci;
+    periodic.max(job.notice_saved)
+}
+
+/// The trainer under notice: it starts a checkpoint at `now` when `notice_checkpoint_every_s`
+/// of work are unsaved, unless it is writing one or has written `notice_checkpoints_max` under
+/// this notice already.
+fn checkpoint_if_due(job: &mut Job, now: f64, research: &ResearchConfig) {
+    if job.notice_at.is_some()
+        && job.writing.is_none()
+        && job.notice_writes < research.notice_checkpoints_max
+        && unsaved(job, research.checkpoint_interval_s) >= research.notice_checkpoint_every_s
+    {
+        job.notice_writes += 1;
+        job.writing = Some(Writing {
+            start: now,
+            done_at: now + research.notice_checkpoint_s,
+            progress: job.progress,
+        });
+    }
+}
+
+/// Seconds of `job`'s work a preemption would lose now.
+fn unsaved(job: &Job, ci: f64) -> f64 {
+    job.progress - saved(job, ci)
 }
 
 #[cfg(test)]
@@ -362,6 +409,8 @@ mod tests {
             checkpoint_interval_s: 600.0,
             grace_period_s: 30.0,
             notice_checkpoint_s: 120.0,
+            notice_checkpoint_every_s: 300.0,
+            notice_checkpoints_max: u32::MAX,
         }
     }
 
@@ -438,6 +487,132 @@ mod tests {
             pool.place_inference(4, None, 30.0),
             Placement::Unschedulable
         );
+    }
+
+    /// One 4-GPU job on a 4-GPU node, run for 1000 s (periodic checkpoint at 600 s), then
+    /// warned for one 4-GPU replica at 1000 s.
+    fn warned_job() -> Pool {
+        let mut pool = Pool::new(1, 4, research());
+        pool.tick_research(0.0, 0.0, 0);
+        for t in 1..=1000 {
+            pool.tick_research(f64::from(t), 1.0, 0);
+        }
+        pool.notice(1000.0, 1, 4);
+        assert_eq!(pool.stats.notices, 1);
+        pool
+    }
+
+    fn run_to(pool: &mut Pool, from: u32, to: u32) {
+        for t in from + 1..=to {
+            pool.tick_research(f64::from(t), 1.0, 0);
+        }
+    }
+
+    #[test]
+    fn a_warned_job_checkpoints_and_loses_only_what_it_trained_since() {
+        let mut pool = warned_job();
+        // 400 s unsaved ≥ 300: it writes at once, 1000–1120, training nothing.
+        run_to(&mut pool, 1000, 1120);
+        assert_eq!(pool.jobs[0].progress, 1000.0);
+        assert_eq!(pool.jobs[0].notice_saved, 1000.0);
+        run_to(&mut pool, 1120, 1200);
+        assert_eq!(
+            pool.place_inference(4, None, 1200.0),
+            Placement::Nominated(0)
+        );
+        // 120 s writing + 80 s trained since; it exits at once (no grace period held).
+        assert_eq!(pool.stats.lost_gpu_s, (120.0 + 80.0) * 4.0);
+        assert_eq!(pool.stats.notice_checkpoint_gpu_s, 120.0 * 4.0);
+        assert_eq!(pool.stats.preempted_after_checkpoint, 1);
+        assert_eq!(pool.stats.lead_times_s, vec![200.0]);
+        assert_eq!(
+            pool.place_inference(4, Some(0), 1200.0),
+            Placement::Nominated(0)
+        );
+        pool.tick_research(1201.0, 1.0, 0);
+        assert_eq!(
+            pool.place_inference(4, Some(0), 1201.0),
+            Placement::Bound(0)
+        );
+    }
+
+    #[test]
+    fn under_notice_the_trainer_checkpoints_again_as_work_piles_up() {
+        let mut pool = warned_job();
+        // Written at 1120 (progress 1000), periodic at progress 1200 (t = 1320); 300 s more
+        // unsaved at progress 1500 (t = 1620): the next one, 1620–1740.
+        run_to(&mut pool, 1000, 1619);
+        assert!(pool.jobs[0].writing.is_none());
+        run_to(&mut pool, 1619, 1620);
+        assert!(pool.jobs[0].writing.is_some());
+        run_to(&mut pool, 1620, 1740);
+        assert_eq!(pool.jobs[0].notice_saved, 1500.0);
+        assert_eq!(pool.stats.notice_checkpoint_gpu_s, 240.0 * 4.0);
+        // Withdrawn: no more checkpoints beyond the periodic ones.
+        pool.notice(1740.0, 0, 4);
+        assert_eq!(pool.stats.notices_withdrawn, 1);
+        run_to(&mut pool, 1740, 2400);
+        assert!(pool.jobs[0].writing.is_none());
+        assert_eq!(pool.stats.notice_checkpoint_gpu_s, 240.0 * 4.0);
+    }
+
+    #[test]
+    fn at_most_the_configured_checkpoints_per_notice() {
+        let mut pool = warned_job();
+        pool.research.notice_checkpoints_max = 1;
+        run_to(&mut pool, 1000, 2400);
+        assert_eq!(
+            pool.stats.notice_checkpoint_gpu_s,
+            120.0 * 4.0,
+            "only the first"
+        );
+        // A new notice may write again.
+        pool.notice(2400.0, 0, 4);
+        pool.notice(2400.0, 1, 4);
+        run_to(&mut pool, 2400, 2401);
+        assert!(pool.jobs[0].writing.is_some());
+    }
+
+    #[test]
+    fn a_checkpoint_cut_short_by_preemption_saves_nothing() {
+        let mut pool = warned_job();
+        run_to(&mut pool, 1000, 1050);
+        pool.place_inference(4, None, 1050.0);
+        // Ends at 1120, after the grace period (1080): killed mid-write.
+        assert_eq!(pool.stats.preempted_during_checkpoint, 1);
+        assert_eq!(
+            pool.stats.lost_gpu_s,
+            (50.0 + 400.0 + 30.0) * 4.0,
+            "writing, unsaved work, grace"
+        );
+        assert_eq!(pool.resume.front(), Some(&600.0));
+    }
+
+    #[test]
+    fn a_checkpoint_ending_within_the_grace_period_is_finished() {
+        let mut pool = warned_job();
+        run_to(&mut pool, 1000, 1100);
+        pool.place_inference(4, None, 1100.0);
+        assert_eq!(pool.stats.preempted_after_checkpoint, 1);
+        // 100 s written before, 20 s in the grace period; nothing unsaved.
+        assert_eq!(pool.stats.lost_gpu_s, 120.0 * 4.0);
+        assert_eq!(pool.stats.notice_checkpoint_gpu_s, 120.0 * 4.0);
+        assert_eq!(pool.resume.front(), Some(&1000.0));
+        assert_eq!(pool.jobs[0].leaves_at, Some(1120.0));
+    }
+
+    #[test]
+    fn little_unsaved_work_is_not_worth_a_checkpoint() {
+        let mut pool = Pool::new(1, 4, research());
+        pool.tick_research(0.0, 0.0, 0);
+        run_to(&mut pool, 0, 700);
+        // 100 s unsaved < 300: no checkpoint yet; preempted, it exits at once.
+        pool.notice(700.0, 1, 4);
+        run_to(&mut pool, 700, 750);
+        assert!(pool.jobs[0].writing.is_none());
+        pool.place_inference(4, None, 750.0);
+        assert_eq!(pool.stats.lost_gpu_s, 150.0 * 4.0);
+        assert_eq!(pool.stats.notice_checkpoint_gpu_s, 0.0);
     }
 
     #[test]

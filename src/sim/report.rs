@@ -98,20 +98,26 @@ fn notice_lines(r: &Report) -> String {
     let _ = writeln!(
         out,
         "reclaim notice: lost {:.1} → {:.1} GPU-h ({cut:.0} % less; {:.1} GPU-h of it writing notice \
-         checkpoints); {} notices, {} withdrawn; {} preemptions after the checkpoint, {} during \
-         it, {} without notice; lead time p50 {:.0} s, p99 {:.0} s; SLO minutes {:.2} % → {:.2} %",
+         checkpoints); {} notices: {} came true, {} withdrawn; preemptions {} → {}: {} under notice, \
+         {} of them mid-checkpoint, {} without notice; lead time p50 {:.0} s, p99 {:.0} s; SLO \
+         minutes {:.2} % → {:.2} % ({} → {} over)",
         plain.lost_gpu_hours,
         noticed.lost_gpu_hours,
         noticed.notice_checkpoint_gpu_hours,
         noticed.notices,
+        noticed.preempted_after_checkpoint + noticed.preempted_during_checkpoint,
         noticed.notices_withdrawn,
-        noticed.preempted_after_checkpoint,
+        plain.preemptions,
+        noticed.preemptions,
+        noticed.preempted_after_checkpoint + noticed.preempted_during_checkpoint,
         noticed.preempted_during_checkpoint,
         noticed.preempted_without_notice,
         noticed.notice_lead_p50_s,
         noticed.notice_lead_p99_s,
         plain.minutes_within_slo_share * 100.0,
         noticed.minutes_within_slo_share * 100.0,
+        plain.minutes_over_slo,
+        noticed.minutes_over_slo,
     );
     out
 }

@@ -42,7 +42,7 @@ const INFERENCE_SELECTOR: &str = "app.kubernetes.io/name=vllm-llama";
 const RESEARCH_SELECTOR: &str = "role=research";
 /// GPUs per research pod and per inference replica (the example's): one replica, one victim.
 const GPUS: u32 = 4;
-/// Queue lengths. Demand = waiting / 5 (the example's `waitingTarget`) replicas; with the default margin (0.5) a service at
+/// Queue lengths. Demand = waiting / 5 (the example's `waitingTarget`) replicas; with a margin of 0.5 a service at
 /// 1 replica warns for its 2nd from demand 0.5 on; the HPA asks for the 2nd above 1.0 (past
 /// its 10 % tolerance).
 const QUIET: f64 = 2.0; // 0.4: no notice
@@ -161,6 +161,10 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         format!("--scaler-allowed-prometheus={}", prom.address()),
         "--scaler-allow-loopback".to_string(),
         format!("--pool-notice-window={WINDOW}"),
+        // The scenario's queue lengths are chosen for this margin and hysteresis (the defaults
+        // are tuned in the simulator and may move).
+        "--pool-notice-margin=0.5".to_string(),
+        "--pool-notice-hysteresis=0.25".to_string(),
     ];
     // Under the base ServiceAccount's token: the notice needs no rule beyond the base's.
     let ws = Workspace::new()?;
