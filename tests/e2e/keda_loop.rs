@@ -107,13 +107,13 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
     // nightshift as deployed: webhook, pool controller (no headroom, lending always open) and
     // scaler in one process.
     // The test's Prometheus listens on loopback: allow exactly it, as a dev setup would.
-    // Reclaim notices watch the demand peak of a window (10 min) and keep lending off the
-    // nodes the peak's replicas would take; the scenario compresses KEDA's and the HPA's
-    // minutes into seconds, and the window with them.
+    // Reclaim notices are the notice scenario's: with them, the low load (exactly 2 replicas'
+    // worth, within the margin of a 3rd) would keep the 3rd replica's GPUs from research, and
+    // this scenario counts every GPU inference does not hold as research's.
     let source_policy = [
         format!("--scaler-allowed-prometheus={}", prom.address()),
         "--scaler-allow-loopback".to_string(),
-        "--pool-notice-window=2s".to_string(),
+        "--pool-notices=false".to_string(),
     ];
     let (_ws, mut nightshift, _registration) =
         deploy_with(c, "nightshift-loop", &source_policy).await?;
