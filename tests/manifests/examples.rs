@@ -358,6 +358,10 @@ fn monitoring_scrapes_the_admin_port_and_the_dashboard_charts_nightshift_metrics
     let port = monitor["spec"]["endpoints"][0]["port"]
         .as_str()
         .expect("port name");
+    assert_eq!(
+        monitor["spec"]["endpoints"][0]["honorLabels"], true,
+        "nightshift's own namespace label must survive the scrape"
+    );
     let service = base.get("Service", "nightshift");
     assert!(
         service["spec"]["ports"]
