@@ -14,11 +14,10 @@ mod cpu_time;
 #[path = "support/scaler_load.rs"]
 mod scaler_load;
 
-use scaler_load::request;
+use scaler_load::{ScalerProcess, request, start_scaler};
 use std::{
     collections::HashMap,
     net::SocketAddr,
-    process::{Child, Command, Stdio},
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -43,25 +42,9 @@ const SCALED_OBJECTS: usize = 1000;
 /// run stays short on a small machine.
 const CALLS_PER_RUN: usize = 10_000;
 
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The `stat` file of process `pid`.
 fn proc_stat(pid: u32) -> std::path::PathBuf {
     format!("/proc/{pid}/stat").into()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(0)
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -75,40 +58,8 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-async fn start_server(ttl: &str, prom: SocketAddr) -> (Server, Channel) {
-    let grpc = free_port();
-    let admin = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_nightshift"))
-        .args([
-            "scaler",
-            "--scaler-addr",
-            &format!("127.0.0.1:{grpc}"),
-            "--admin-addr",
-            &format!("127.0.0.1:{admin}"),
-            "--scaler-cache-ttl",
-            ttl,
-            // The Prometheus stand-in listens on loopback: allow exactly it, as a dev setup would.
-            "--scaler-allowed-prometheus",
-            &format!("http://{prom}"),
-            "--scaler-allow-loopback",
-            "--log",
-            "error",
-        ])
-        .env("KUBECONFIG", "/nonexistent")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start nightshift");
-    let server = Server(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let endpoint = Channel::from_shared(format!("http://127.0.0.1:{grpc}")).expect("uri");
-        if let Ok(channel) = endpoint.connect().await {
-            return (server, channel);
-        }
-        assert!(Instant::now() < deadline, "server did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+async fn start_server(ttl: &str, prom: SocketAddr) -> (ScalerProcess, Channel) {
+    start_scaler(prom, &["--scaler-cache-ttl", ttl]).await
 }
 
 async fn fake_prometheus(queries: Arc<AtomicUsize>) -> SocketAddr {
@@ -164,12 +115,12 @@ impl Rpc {
     }
 }
 
-async fn latency(server: &Server, channel: &Channel, rpc: Rpc, concurrency: usize) {
+async fn latency(server: &ScalerProcess, channel: &Channel, rpc: Rpc, concurrency: usize) {
     let label = match rpc {
         Rpc::GetMetrics(_) => "cached GetMetrics",
         Rpc::HealthCheck => "health Check (transport floor)",
     };
-    let cpu_before = cpu_seconds(&proc_stat(server.0.id()));
+    let cpu_before = cpu_seconds(&proc_stat(server.id()));
     let mut tasks = Vec::new();
     for client in 0..concurrency {
         // All clients share one HTTP/2 connection, as KEDA's operator shares one connection
@@ -190,7 +141,7 @@ async fn latency(server: &Server, channel: &Channel, rpc: Rpc, concurrency: usiz
     for t in tasks {
         all.extend(t.await.expect("join"));
     }
-    let cpu = cpu_seconds(&proc_stat(server.0.id())) - cpu_before;
+    let cpu = cpu_seconds(&proc_stat(server.id())) - cpu_before;
     all.sort();
     println!(
         "{label}, {concurrency:>2} concurrent client(s): p50 {:>7.1} µs  p99 {:>7.1} µs  ({} calls; server CPU {:.0} µs per call)",
@@ -209,10 +160,7 @@ async fn run() {
     // Latency with a cache that never expires during the run.
     let (server, channel) = start_server("1h", prom).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    println!(
-        "idle RSS: {:.1} MiB",
-        rss_kib(server.0.id()) as f64 / 1024.0
-    );
+    println!("idle RSS: {:.1} MiB", rss_kib(server.id()) as f64 / 1024.0);
     for i in 0..64 {
         ExternalScalerClient::new(channel.clone())
             .get_metrics(request(prom, i))
@@ -225,7 +173,7 @@ async fn run() {
     }
     println!(
         "RSS after latency runs: {:.1} MiB",
-        rss_kib(server.0.id()) as f64 / 1024.0
+        rss_kib(server.id()) as f64 / 1024.0
     );
     drop(server);
 
@@ -260,7 +208,7 @@ async fn run() {
     );
     println!(
         "RSS with {SCALED_OBJECTS} ScaledObjects: {:.1} MiB",
-        rss_kib(server.0.id()) as f64 / 1024.0
+        rss_kib(server.id()) as f64 / 1024.0
     );
 }
 

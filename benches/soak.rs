@@ -22,12 +22,11 @@ mod scaler_load;
 #[path = "support/stats.rs"]
 mod stats;
 
-use scaler_load::request;
+use scaler_load::{request, start_scaler};
 use stats::{env_or, percentile};
 use std::{
     net::SocketAddr,
     path::Path,
-    process::{Child, Command, Stdio},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -42,7 +41,6 @@ use nightshift::webhook::{
     server,
 };
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 /// Keep-alive connections carrying the webhook load (the target scenario: 100 clients).
 const CONNECTIONS: usize = 100;
@@ -263,52 +261,10 @@ async fn webhook(secs: u64, every: u64, rate: f64, warm_up: usize) {
     server_rt.shutdown_background();
 }
 
-/// The scaler child process; killed on drop.
-struct Scaler(Child);
-
-impl Drop for Scaler {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 async fn scaler(secs: u64, every: u64, warm_up: usize) {
     let prom = fake_prometheus().await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port");
-    let child = Command::new(env!("CARGO_BIN_EXE_nightshift"))
-        .args([
-            "scaler",
-            "--scaler-addr",
-            &format!("127.0.0.1:{port}"),
-            "--admin-addr",
-            "127.0.0.1:0",
-            // The Prometheus stand-in listens on loopback: allow exactly it, as a dev setup would.
-            "--scaler-allowed-prometheus",
-            &format!("http://{prom}"),
-            "--scaler-allow-loopback",
-            "--log",
-            "error",
-        ])
-        .env("KUBECONFIG", "/nonexistent")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start nightshift scaler");
-    let server = Scaler(child);
-    let proc = Path::new("/proc").join(server.0.id().to_string());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let channel = loop {
-        let endpoint = Channel::from_shared(format!("http://127.0.0.1:{port}")).expect("uri");
-        if let Ok(channel) = endpoint.connect().await {
-            break channel;
-        }
-        assert!(Instant::now() < deadline, "the scaler did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let (server, channel) = start_scaler(prom, &[]).await;
+    let proc = Path::new("/proc").join(server.id().to_string());
     let client = ExternalScalerClient::new(channel);
     println!(
         "scaler soak: {SCALED_OBJECTS} ScaledObjects, each polling GetMetrics + IsActive every \

@@ -1,9 +1,72 @@
-//! The scaler load the scaler benchmarks share: one ScaledObject per model, reading a
-//! Prometheus stand-in that answers every query with two pods per model.
+//! The scaler load the scaler benchmarks share: the `nightshift scaler` process they measure,
+//! and one ScaledObject per model, reading a Prometheus stand-in that answers every query with
+//! two pods per model.
 
-use std::{collections::HashMap, net::SocketAddr};
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
 
 use nightshift::scaler::service::proto::{GetMetricsRequest, ScaledObjectRef};
+use tonic::transport::Channel;
+
+/// A `nightshift scaler` child process; killed on drop.
+pub struct ScalerProcess(Child);
+
+impl ScalerProcess {
+    /// The process id, for its `/proc` files.
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for ScalerProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `nightshift scaler` on a free loopback port, reading the Prometheus stand-in at `prom`
+/// (allowed exactly, with loopback, as a dev setup would), with `extra` options; returns it with
+/// a gRPC channel once it answers (30 s at most).
+pub async fn start_scaler(prom: SocketAddr, extra: &[&str]) -> (ScalerProcess, Channel) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port");
+    let child = Command::new(env!("CARGO_BIN_EXE_nightshift"))
+        .args([
+            "scaler",
+            "--scaler-addr",
+            &format!("127.0.0.1:{port}"),
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--scaler-allowed-prometheus",
+            &format!("http://{prom}"),
+            "--scaler-allow-loopback",
+            "--log",
+            "error",
+        ])
+        .args(extra)
+        .env("KUBECONFIG", "/nonexistent")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start nightshift scaler");
+    let server = ScalerProcess(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let endpoint = Channel::from_shared(format!("http://127.0.0.1:{port}")).expect("uri");
+        if let Ok(channel) = endpoint.connect().await {
+            return (server, channel);
+        }
+        assert!(Instant::now() < deadline, "the scaler did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
 
 /// The Prometheus answer for `models` models, two pods each, every series at 0.5.
 pub fn prometheus_answer(models: usize) -> String {
