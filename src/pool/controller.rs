@@ -25,7 +25,7 @@ use super::{
     marks::{self, LabelPatch, Plan, Verdict},
     notices::{Digests, OwnerNotice, PodNotice},
     pending::{self, Repeats},
-    reclaim::{Change, Reclaim, ServiceDemand},
+    reclaim::{Action, Change, Reclaim, ServiceDemand},
     status::{NamespaceStatus, NodeStatus, ResearchPod, StatusReport},
     windows::Windows,
 };
@@ -332,45 +332,16 @@ impl Controller {
         }
         let changes = self.reclaim.pass(&self.ledger, services, now);
         for c in &changes {
-            let owner = |ns: &str, name: &str| {
-                self.ledger
-                    .pods()
-                    .find(|p| p.namespace == ns && p.name == name)
-                    .and_then(|p| p.owner.clone())
+            let outcome = match c.action {
+                Action::Give { .. } => "given",
+                Action::Withdraw => "withdrawn",
             };
-            let (n, outcome) = match c {
-                Change::Give {
-                    namespace,
-                    name,
-                    uid,
-                    service,
-                    hook,
-                    ..
-                } => {
-                    let who = (namespace.clone(), name.clone(), uid.clone());
-                    let owner = owner(namespace, name);
-                    (
-                        PodNotice::reclaim_notice(who, owner, service, hook.is_some()),
-                        "given",
-                    )
-                }
-                Change::Withdraw {
-                    namespace,
-                    name,
-                    uid,
-                } => {
-                    let who = (namespace.clone(), name.clone(), uid.clone());
-                    (
-                        PodNotice::notice_withdrawn(who, owner(namespace, name)),
-                        "withdrawn",
-                    )
-                }
-            };
-            tracing::info!(pod = %c.pod(), outcome, "reclaim notice");
+            tracing::info!(pod = %c.pod.id(), outcome, "reclaim notice");
             self.metrics
                 .notices
                 .get_or_create(&OutcomeLabel { outcome })
                 .inc();
+            let n = PodNotice::reclaim(c);
             queue(&mut self.notices, &mut self.owners, n, now.as_second());
         }
         self.metrics
@@ -381,15 +352,8 @@ impl Controller {
 
     /// A notice could not be delivered (the annotation patch failed): it is given again at the
     /// next pass.
-    pub fn notice_undelivered(&mut self, namespace: &str, name: &str) {
-        let key = self
-            .ledger
-            .pods()
-            .find(|p| p.namespace == namespace && p.name == name)
-            .map(|p| p.key.clone());
-        if let Some(key) = key {
-            self.reclaim.undelivered(&key);
-        }
+    pub fn notice_undelivered(&mut self, key: &str) {
+        self.reclaim.undelivered(key);
         self.metrics
             .notices
             .get_or_create(&OutcomeLabel {
@@ -966,7 +930,7 @@ mod tests {
 
     #[test]
     fn a_reclaim_notice_is_told_lending_stops_where_the_replica_lands_and_the_preemption_counts() {
-        use crate::pool::reclaim::{Change, ServiceDemand};
+        use crate::pool::reclaim::{Action, ServiceDemand};
         use crate::vocabulary::RECLAIM_NOTICE_ANNOTATION;
         let start = now() - jiff::SignedDuration::from_hours(1);
         let mut c = loaded(
@@ -996,7 +960,7 @@ mod tests {
         c.set_leader(true);
         let changes = c.notice_pass(&[service(0.9)], now());
         assert!(
-            matches!(&changes[..], [Change::Give { name, .. }] if name == "train"),
+            matches!(&changes[..], [c] if c.pod.name == "train" && matches!(c.action, Action::Give { .. })),
             "{changes:?}"
         );
         let told: Vec<&str> = c.take_notices().iter().map(|n| n.reason).collect();

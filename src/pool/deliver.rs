@@ -30,7 +30,7 @@ use tokio::sync::Semaphore;
 
 use super::{
     accounting::{Hook, pod_gpu_request},
-    reclaim::{Change, ServiceDemand},
+    reclaim::{Action, Change, ServiceDemand},
 };
 use crate::vocabulary::{RECLAIM_NOTICE_ANNOTATION, RECLAIM_NOTICE_CONDITION};
 
@@ -267,44 +267,27 @@ impl Deliverer {
     /// Delivers one change. `Err` when the annotation could not be written (the controller
     /// gives the notice again next pass); the condition and the endpoint are best effort.
     pub async fn deliver(&self, change: &Change) -> Result<(), kube::Error> {
-        match change {
-            Change::Give {
-                namespace,
-                name,
-                at,
-                service,
-                hook,
-                ..
-            } => {
-                let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-                annotate(&pods, name, Some(at)).await?;
+        let pod = &change.pod;
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        match &change.action {
+            Action::Give { at, service, hook } => {
+                annotate(&pods, &pod.name, Some(at)).await?;
                 let message = format!(
                     "inference service {service} is about to need this pod's GPUs: checkpoint now"
                 );
-                condition(&pods, name, true, "InferenceScalingUp", &message, at).await;
+                condition(&pods, &pod.name, true, "InferenceScalingUp", &message, at).await;
                 if let Some(hook) = hook {
-                    self.call(hook.clone(), change.pod(), *at, service.clone());
+                    self.call(hook.clone(), pod.id(), *at, service.clone());
                 }
-                Ok(())
             }
-            Change::Withdraw {
-                namespace, name, ..
-            } => {
-                let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-                annotate(&pods, name, None).await?;
+            Action::Withdraw => {
+                annotate(&pods, &pod.name, None).await?;
                 let message = "inference demand fell back; the pod keeps its GPUs";
-                condition(
-                    &pods,
-                    name,
-                    false,
-                    "DemandFellBack",
-                    message,
-                    &Timestamp::now(),
-                )
-                .await;
-                Ok(())
+                let now = Timestamp::now();
+                condition(&pods, &pod.name, false, "DemandFellBack", message, &now).await;
             }
         }
+        Ok(())
     }
 
     /// POSTs the notice to the pod's checkpoint endpoint on a task of its own.

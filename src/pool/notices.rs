@@ -10,7 +10,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{accounting::DisruptionRecord, owner::Owner, pending, status::age};
+use super::{
+    accounting::DisruptionRecord,
+    owner::Owner,
+    pending,
+    reclaim::{Action, Change},
+    status::age,
+};
 
 /// A Kubernetes Event to publish on a research pod, decided by the controller and sent by
 /// [`super::run`].
@@ -98,55 +104,49 @@ impl PodNotice {
         }
     }
 
-    /// The Event of a reclaim notice given to a pod, for inference service `service`.
-    pub fn reclaim_notice(
-        (namespace, name, uid): (String, String, Option<String>),
-        owner: Option<super::owner::Owner>,
-        service: &str,
-        has_hook: bool,
-    ) -> Self {
-        let hook = if has_hook {
-            "; its checkpoint endpoint is being called"
-        } else {
-            ""
+    /// The Event of a reclaim notice given to a pod, or withdrawn.
+    pub fn reclaim(change: &Change) -> Self {
+        let pod = &change.pod;
+        let (reason, warning, note, detail) = match &change.action {
+            Action::Give { service, hook, .. } => {
+                let hook = if hook.is_some() {
+                    "; its checkpoint endpoint is being called"
+                } else {
+                    ""
+                };
+                (
+                    crate::vocabulary::RECLAIM_NOTICE_EVENT_REASON,
+                    true,
+                    format!(
+                        "Inference service {service} is about to need more replicas, and the \
+                         scheduler is expected to preempt this pod for them: checkpoint now. The \
+                         annotation nightshift.io/reclaim-notice and the pod condition \
+                         nightshift.io/ReclaimNotice are set{hook}"
+                    ),
+                    Detail::Noticed {
+                        service: service.clone(),
+                    },
+                )
+            }
+            Action::Withdraw => (
+                "ReclaimNoticeWithdrawn",
+                false,
+                "Inference demand fell back before any reclaim: the reclaim notice is withdrawn \
+                 and the pod keeps its GPUs"
+                    .to_string(),
+                Detail::Withdrawn,
+            ),
         };
         Self {
-            namespace,
-            name,
-            uid,
-            reason: crate::vocabulary::RECLAIM_NOTICE_EVENT_REASON,
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            reason,
             action: "Notice",
-            warning: true,
-            note: format!(
-                "Inference service {service} is about to need more replicas, and the scheduler \
-                 is expected to preempt this pod for them: checkpoint now. The annotation \
-                 nightshift.io/reclaim-notice and the pod condition nightshift.io/ReclaimNotice \
-                 are set{hook}"
-            ),
-            owner,
-            detail: Detail::Noticed {
-                service: service.to_string(),
-            },
-        }
-    }
-
-    /// The Event of a reclaim notice withdrawn.
-    pub fn notice_withdrawn(
-        (namespace, name, uid): (String, String, Option<String>),
-        owner: Option<super::owner::Owner>,
-    ) -> Self {
-        Self {
-            namespace,
-            name,
-            uid,
-            reason: "ReclaimNoticeWithdrawn",
-            action: "Notice",
-            warning: false,
-            note: "Inference demand fell back before any reclaim: the reclaim notice is \
-                   withdrawn and the pod keeps its GPUs"
-                .to_string(),
-            owner,
-            detail: Detail::Withdrawn,
+            warning,
+            note,
+            owner: pod.owner.clone(),
+            detail,
         }
     }
 

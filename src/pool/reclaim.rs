@@ -11,7 +11,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 
-use super::accounting::{Hook, Ledger, PodFacts};
+use super::{
+    accounting::{Hook, Ledger, PodFacts},
+    owner::Owner,
+};
 use crate::notice::{self, Candidate, NodeRoom, NoticePolicy, Watch};
 
 /// One inference service (a ScaledObject and its scale target) as a pass sees it.
@@ -40,14 +43,41 @@ impl ServiceDemand {
     }
 }
 
-/// A change to deliver to one research pod.
+/// The research pod a change is for, as the ledger knows it.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Change {
+pub struct NoticedPod {
+    /// The ledger's key (the UID, else `namespace/name`).
+    pub key: String,
+    pub namespace: String,
+    pub name: String,
+    /// The UID, when the API server gave one (Events name the pod by it).
+    pub uid: Option<String>,
+    /// Its Job or Workflow, told too.
+    pub owner: Option<Owner>,
+}
+
+impl NoticedPod {
+    fn of(pod: &PodFacts) -> Self {
+        Self {
+            key: pod.key.clone(),
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: (!pod.key.contains('/')).then(|| pod.key.clone()),
+            owner: pod.owner.clone(),
+        }
+    }
+
+    /// `namespace/name`.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What to tell a pod.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
     /// Warn the pod: annotation, condition, Events, and its checkpoint endpoint if it has one.
     Give {
-        namespace: String,
-        name: String,
-        uid: Option<String>,
         /// The notice's time (the annotation's value).
         at: Timestamp,
         /// The service whose next replicas need the pod's GPUs (`namespace/name`).
@@ -55,25 +85,14 @@ pub enum Change {
         hook: Option<Hook>,
     },
     /// The demand fell back: remove the annotation, set the condition to `False`.
-    Withdraw {
-        namespace: String,
-        name: String,
-        uid: Option<String>,
-    },
+    Withdraw,
 }
 
-impl Change {
-    /// The pod's `namespace/name`.
-    pub fn pod(&self) -> String {
-        match self {
-            Change::Give {
-                namespace, name, ..
-            }
-            | Change::Withdraw {
-                namespace, name, ..
-            } => format!("{namespace}/{name}"),
-        }
-    }
+/// A change to deliver to one research pod.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Change {
+    pub pod: NoticedPod,
+    pub action: Action,
 }
 
 /// What the controller told, and the per-service notice state.
@@ -180,8 +199,6 @@ impl Reclaim {
     ) -> Vec<Change> {
         let mut changes = Vec::new();
         for pod in ledger.pods() {
-            let uid = (!pod.key.contains('/')).then(|| pod.key.clone());
-            let (namespace, name) = (pod.namespace.clone(), pod.name.clone());
             if pod.noticed.is_none() {
                 self.withdrawn.remove(&pod.key);
             }
@@ -191,13 +208,13 @@ impl Reclaim {
                     self.withdrawn.remove(&pod.key);
                     // A notice given by a previous leader (or before a restart) stands.
                     if pod.noticed.is_none() {
-                        changes.push(Change::Give {
-                            namespace,
-                            name,
-                            uid,
-                            at: now,
-                            service: service.clone(),
-                            hook: pod.hook.clone(),
+                        changes.push(Change {
+                            pod: NoticedPod::of(pod),
+                            action: Action::Give {
+                                at: now,
+                                service: service.clone(),
+                                hook: pod.hook.clone(),
+                            },
                         });
                     }
                 }
@@ -207,10 +224,9 @@ impl Reclaim {
                     let stale = pod.noticed.is_some() && !self.withdrawn.contains(&pod.key);
                     if (told || stale) && !pod.terminal && pod.disruption.is_none() {
                         self.withdrawn.insert(pod.key.clone());
-                        changes.push(Change::Withdraw {
-                            namespace,
-                            name,
-                            uid,
+                        changes.push(Change {
+                            pod: NoticedPod::of(pod),
+                            action: Action::Withdraw,
                         });
                     }
                 }
@@ -343,9 +359,9 @@ mod tests {
     fn names(changes: &[Change]) -> Vec<String> {
         changes
             .iter()
-            .map(|c| match c {
-                Change::Give { .. } => format!("give {}", c.pod()),
-                Change::Withdraw { .. } => format!("withdraw {}", c.pod()),
+            .map(|c| match c.action {
+                Action::Give { .. } => format!("give {}", c.pod.id()),
+                Action::Withdraw => format!("withdraw {}", c.pod.id()),
             })
             .collect()
     }
@@ -406,7 +422,7 @@ mod tests {
             ..service(Some(0.8), 1)
         };
         let mut changes = r.pass(&l, &[small], t(200));
-        changes.retain(|c| matches!(c, Change::Give { .. }));
+        changes.retain(|c| matches!(c.action, Action::Give { .. }));
         assert_eq!(names(&changes), ["give res/r-new"]);
     }
 

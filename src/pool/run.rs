@@ -181,12 +181,9 @@ async fn give_notices(
         let changes = lock(&controller).notice_pass(&services, Timestamp::now());
         for change in changes {
             if let Err(e) = deliverer.deliver(&change).await {
-                tracing::warn!(pod = %change.pod(), error = %e, "reclaim notice not delivered; retrying next pass");
-                if let reclaim::Change::Give {
-                    namespace, name, ..
-                } = &change
-                {
-                    lock(&controller).notice_undelivered(namespace, name);
+                tracing::warn!(pod = %change.pod.id(), error = %e, "reclaim notice not delivered; retrying next pass");
+                if matches!(change.action, reclaim::Action::Give { .. }) {
+                    lock(&controller).notice_undelivered(&change.pod.key);
                 }
             }
         }
