@@ -546,25 +546,7 @@ async fn dry_run_manifests(c: &Cluster, ws: &Workspace) -> Result<()> {
         cluster: c,
         files: crd_files.clone(),
     };
-    for f in &crd_files {
-        // Server-side apply: Argo's full CRDs are too large for the last-applied annotation.
-        kubectl_ok(
-            c,
-            &["apply", "--server-side", "-f", &f.display().to_string()],
-            None,
-        )?;
-    }
-    kubectl_ok(
-        c,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd",
-            "--all",
-        ],
-        None,
-    )?;
+    apply_crds(c, &crd_files)?;
 
     // The self-signed overlay renders only with certificates in its certs/ directory.
     binary::generate_certs(&ws.root().join("manifests/overlays/self-signed/certs"))?;
@@ -693,6 +675,28 @@ fn documents(path: &Path) -> Result<Vec<Value>> {
         }
     }
     Ok(docs)
+}
+
+/// Applies CRD files (server-side: Argo's full CRDs are too large for the last-applied
+/// annotation, and KEDA's start applies its own the same way) and waits until every CRD is
+/// established (those of these files: others may be terminating, left by an earlier scenario).
+pub fn apply_crds(c: &Cluster, files: &[PathBuf]) -> Result<()> {
+    for f in files {
+        let f = f.display().to_string();
+        kubectl_ok(c, &["apply", "--server-side", "-f", &f], None)?;
+    }
+    for f in files {
+        let f = f.display().to_string();
+        let established = [
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "-f",
+            &f,
+        ];
+        kubectl_ok(c, &established, None)?;
+    }
+    Ok(())
 }
 
 /// Directory of the CRD files: `$NIGHTSHIFT_E2E_CRD_DIR`, else fetched (once, cached) by

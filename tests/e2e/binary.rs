@@ -387,7 +387,8 @@ impl AdminApi {
         Ok(body)
     }
 
-    /// The value of a counter or gauge in `/metrics` (summed over label sets); 0 if absent.
+    /// The value of a counter or gauge in `/metrics` (summed over label sets, or of one series
+    /// when `name` ends with its label set); 0 if absent.
     pub async fn metric(&self, name: &str) -> Result<f64> {
         let text = self.get("/metrics").await?;
         Ok(text

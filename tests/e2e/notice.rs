@@ -279,11 +279,9 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         "every preempted research pod should have had its notice first: preempted {preempted:?}, \
          warned {warned:?}"
     );
-    let metrics = nightshift.admin_get("/metrics").await?;
-    let noticed_metric = metric_line(
-        &metrics,
-        "nightshift_pool_preempted_research_pods_total{noticed=\"true\"}",
-    );
+    let noticed_metric = nightshift
+        .metric("nightshift_pool_preempted_research_pods_total{noticed=\"true\"}")
+        .await?;
     ensure!(
         noticed_metric >= preempted.len() as f64,
         "nightshift should count {} preemption(s) with notice: {noticed_metric}",
@@ -353,11 +351,4 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         refused.join("\n")
     );
     Ok(())
-}
-
-/// The value of one exact metric line (name with labels) in a Prometheus text page, 0 if absent.
-fn metric_line(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
-        .sum()
 }

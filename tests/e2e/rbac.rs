@@ -276,21 +276,7 @@ async fn scenario(c: &Cluster) -> Result<()> {
 /// the Deployment, the last call of a reclaim-notice pass, in the API server's audit log.
 async fn scaled_object_seen(c: &Cluster, sa: &str) -> Result<()> {
     let crd = crate::admission::crd_dir()?.join("keda.sh_scaledobjects.yaml");
-    kubectl_ok(
-        c,
-        &["apply", "--server-side", "-f", &crd.display().to_string()],
-        None,
-    )?;
-    kubectl_ok(
-        c,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/scaledobjects.keda.sh",
-        ],
-        None,
-    )?;
+    crate::admission::apply_crds(c, &[crd])?;
     let deployment = objects::inference_deployment("vllm", 0, 4)?;
     let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
         Api::namespaced(c.client.clone(), NS);
