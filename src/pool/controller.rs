@@ -592,11 +592,10 @@ impl Controller {
     pub fn reconcile(&mut self, now: Timestamp, instant: tokio::time::Instant) -> Vec<LabelPatch> {
         self.lending_open = self.policy.windows.open(now);
         self.plan = marks::plan(&self.ledger, self.policy.headroom, self.lending_open);
-        self.plan.hold_back(self.reclaim.reclaiming());
-        if !crate::notice::may_lend(self.reclaim.given()) {
-            let all: BTreeSet<String> = self.plan.nodes.iter().map(|n| n.name.clone()).collect();
-            self.plan.hold_back(&all);
-        }
+        let paused = !crate::notice::may_lend(self.reclaim.given());
+        let reclaiming = self.reclaim.reclaiming();
+        self.plan
+            .hold_back(|node| paused || reclaiming.contains(node));
         let totals = self.ledger.totals();
         self.integrate_lent(totals.lent, self.ledger.lent_by_namespace(), instant);
         let set = |state: &'static str, v: u64| {

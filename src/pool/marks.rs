@@ -68,11 +68,12 @@ impl Plan {
         self.nodes.iter().filter_map(|n| n.spare_gpus).sum()
     }
 
-    /// Stops lending on `nodes`, where inference's next replicas are expected: spare nodes
-    /// among them lose their marks, so no new research lands on GPUs about to be taken back.
-    pub fn hold_back(&mut self, nodes: &std::collections::BTreeSet<String>) {
+    /// Stops lending on the nodes `held` names (where inference's next replicas are expected,
+    /// or all while a reclaim notice is out): spare nodes among them lose their marks, so no new
+    /// research lands on GPUs about to be taken back.
+    pub fn hold_back(&mut self, held: impl Fn(&str) -> bool) {
         for n in &mut self.nodes {
-            if n.verdict == Verdict::Spare && nodes.contains(&n.name) {
+            if n.verdict == Verdict::Spare && held(&n.name) {
                 n.verdict = Verdict::Reclaiming;
                 n.spare_gpus = None;
             }
