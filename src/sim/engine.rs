@@ -10,6 +10,7 @@ use std::{collections::VecDeque, iter::Peekable};
 use serde::Serialize;
 
 use super::{
+    ceiling::Ceiling,
     config::{MetricSource, Scenario},
     fleet::{self, Observer, Perf, Queued, Replica},
     policy::{self, Hpa, ScalingPolicy},
@@ -175,6 +176,9 @@ pub struct MinutePoint {
     pub research_gpus: f32,
     /// GPUs an oracle would give inference this minute.
     pub ideal_inference_gpus: f32,
+    /// GPUs the honest ceiling's schedule holds for inference this minute
+    /// ([`super::ceiling`]).
+    pub ceiling_inference_gpus: f32,
     pub slo_ok: bool,
 }
 
@@ -187,8 +191,10 @@ pub struct RunSummary {
     pub lent_gpu_hours: f64,
     /// Lent minus lost: research work kept.
     pub useful_gpu_hours: f64,
-    /// Lent GPU-hours over the ideally idle GPU-hours.
+    /// Lent GPU-hours over the ideally idle GPU-hours (the token-price oracle).
     pub harvest_share: f64,
+    /// Lent GPU-hours over the honest ceiling's idle GPU-hours ([`super::ceiling`]).
+    pub ceiling_share: f64,
     pub lost_gpu_hours: f64,
     pub preemptions: u64,
     pub completed_jobs: u64,
@@ -232,6 +238,7 @@ impl RunSummary {
             lent_gpu_hours: 0.0,
             useful_gpu_hours: 0.0,
             harvest_share: 0.0,
+            ceiling_share: 0.0,
             lost_gpu_hours: 0.0,
             preemptions: 0,
             completed_jobs: 0,
@@ -270,6 +277,22 @@ pub struct RunOutcome {
     pub decisions: Vec<(Totals, Decision)>,
 }
 
+impl RunOutcome {
+    /// The outcome with the honest ceiling's figures added: its share of the ceiling's idle
+    /// GPU-hours and the ceiling's inference GPUs beside each minute.
+    pub fn against_ceiling(mut self, ceiling: &Ceiling, gpus_per_replica: u32) -> RunOutcome {
+        self.result.ceiling_share = if ceiling.idle_gpu_hours > 0.0 {
+            self.result.lent_gpu_hours / ceiling.idle_gpu_hours
+        } else {
+            0.0
+        };
+        for (point, held) in self.timeline.iter_mut().zip(&ceiling.held) {
+            point.ceiling_inference_gpus = (*held * gpus_per_replica) as f32;
+        }
+        self
+    }
+}
+
 /// Runs one policy through the scenario. `record_decisions` keeps every (totals, decision)
 /// pair the nightshift policy computed, for verification.
 pub fn run_policy(
@@ -279,11 +302,18 @@ pub fn run_policy(
     envelope: &Envelope,
     record_decisions: bool,
 ) -> RunOutcome {
+    let started = std::time::Instant::now();
     let mut run = PolicyRun::new(policy, sc, trace, envelope, record_decisions);
     for k in 0..run.steps {
         run.step(k);
     }
-    run.finish()
+    let outcome = run.finish();
+    tracing::debug!(
+        policy = policy.label(),
+        elapsed_s = started.elapsed().as_secs_f64(),
+        "policy run finished"
+    );
+    outcome
 }
 
 /// The minute being accumulated for the timeline.

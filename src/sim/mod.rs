@@ -10,6 +10,7 @@
 //! This module owns its options and errors; it does no I/O beyond reading the trace and the
 //! scenario and writing the chart.
 
+pub mod ceiling;
 pub mod config;
 pub mod engine;
 pub mod fleet;
@@ -172,20 +173,34 @@ pub fn simulate(scenario: &Scenario, trace: &Trace) -> Result<Report, SimError> 
     };
     demand::compute(&probe, &scenario.policies.nightshift.targets()).map_err(SimError::Targets)?;
 
-    let outcomes = std::thread::scope(|scope| {
+    let (ceiling, outcomes) = std::thread::scope(|scope| {
+        let envelope = &envelope;
+        let ceiling = scope.spawn(move || {
+            let started = std::time::Instant::now();
+            let c = ceiling::honest_ceiling(scenario, trace, envelope);
+            tracing::debug!(
+                elapsed_s = started.elapsed().as_secs_f64(),
+                "honest ceiling computed"
+            );
+            c
+        });
         let handles: Vec<_> = ScalingPolicy::ALL
             .iter()
-            .map(|kind| {
-                let envelope = &envelope;
-                scope.spawn(move || run_policy(*kind, scenario, trace, envelope, false))
-            })
+            .map(|kind| scope.spawn(move || run_policy(*kind, scenario, trace, envelope, false)))
             .collect();
-        handles
+        let outcomes = handles
             .into_iter()
             .map(|h| h.join())
-            .collect::<Result<Vec<_>, _>>()
-    })
-    .map_err(|_| SimError::Invalid("a policy run panicked".into()))?;
+            .collect::<Result<Vec<_>, _>>();
+        (ceiling.join(), outcomes)
+    });
+    let ceiling = ceiling.map_err(|_| SimError::Invalid("the ceiling run panicked".into()))?;
+    let outcomes = outcomes.map_err(|_| SimError::Invalid("a policy run panicked".into()))?;
+    let gpr = scenario.model.gpus_per_replica;
+    let outcomes: Vec<_> = outcomes
+        .into_iter()
+        .map(|o| o.against_ceiling(&ceiling, gpr))
+        .collect();
 
     let first = &outcomes[0];
     Ok(Report {
@@ -195,6 +210,7 @@ pub fn simulate(scenario: &Scenario, trace: &Trace) -> Result<Report, SimError> 
         pool_gpus: scenario.pool.nodes * scenario.pool.gpus_per_node,
         pool_gpu_hours: first.pool_gpu_hours,
         ideal_idle_gpu_hours: first.ideal_idle_gpu_hours,
+        ceiling_idle_gpu_hours: ceiling.idle_gpu_hours,
         slo_queue_wait_p99_s: scenario.slo.queue_wait_p99_s,
         trace_requests: trace.requests.len(),
         timelines: outcomes.iter().map(|o| o.timeline.clone()).collect(),

@@ -20,6 +20,9 @@ pub struct Report {
     /// GPU-hours an oracle that sizes inference to each minute's work (at full utilisation)
     /// would leave idle: the most any policy could lend.
     pub ideal_idle_gpu_hours: f64,
+    /// GPU-hours the honest ceiling leaves idle: the fewest replicas the fleet model needs per
+    /// minute within the SLO, started ahead of the minute they serve ([`super::ceiling`]).
+    pub ceiling_idle_gpu_hours: f64,
     pub slo_queue_wait_p99_s: f64,
     pub trace_requests: usize,
     pub policies: Vec<RunSummary>,
@@ -32,20 +35,21 @@ pub fn table(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:.1} days, {} GPUs ({:.0} GPU-h), {}; ideally idle: {:.0} GPU-h; SLO: p99 queue wait ≤ {} s per minute",
-        r.days,
-        r.pool_gpus,
-        r.pool_gpu_hours,
-        r.model,
-        r.ideal_idle_gpu_hours,
-        r.slo_queue_wait_p99_s
+        "{:.1} days, {} GPUs ({:.0} GPU-h), {}; SLO: p99 queue wait ≤ {} s per minute",
+        r.days, r.pool_gpus, r.pool_gpu_hours, r.model, r.slo_queue_wait_p99_s
     );
     let _ = writeln!(
         out,
-        "{:<28} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7}",
+        "idle at most: {:.0} GPU-h (honest ceiling: the fleet model's fewest replicas per minute, started ahead); {:.0} GPU-h (token-price oracle)",
+        r.ceiling_idle_gpu_hours, r.ideal_idle_gpu_hours
+    );
+    let _ = writeln!(
+        out,
+        "{:<28} {:>9} {:>8} {:>8} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7}",
         "policy",
         "lent GPUh",
-        "harvest",
+        "ceiling",
+        "oracle",
         "lost GPUh",
         "preempt",
         "wait p50",
@@ -60,9 +64,10 @@ pub fn table(r: &Report) -> String {
     for p in &r.policies {
         let _ = writeln!(
             out,
-            "{:<28} {:>9.0} {:>7.1}% {:>9.1} {:>8} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.2}% {:>9} {:>8} {:>7}",
+            "{:<28} {:>9.0} {:>7.1}% {:>7.1}% {:>9.1} {:>8} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.2}% {:>9} {:>8} {:>7}",
             p.label,
             p.lent_gpu_hours,
+            p.ceiling_share * 100.0,
             p.harvest_share * 100.0,
             p.lost_gpu_hours,
             p.preemptions,
@@ -126,7 +131,7 @@ fn notice_lines(r: &Report) -> String {
 const CHART_BUCKET_MIN: usize = 10;
 
 /// An SVG chart: one panel per policy, GPUs held by inference and research over time, with the
-/// oracle's inference GPUs as a dashed line.
+/// honest ceiling's inference GPUs as a dashed line.
 pub fn svg(r: &Report) -> String {
     const W: f64 = 960.0;
     const LEFT: f64 = 56.0;
@@ -165,7 +170,7 @@ pub fn svg(r: &Report) -> String {
     let x = LEFT + 3.0 * 150.0;
     let _ = writeln!(
         s,
-        r#"<line x1="{x}" y1="36" x2="{}" y2="36" stroke="black" stroke-dasharray="4 3"/><text x="{}" y="40">oracle inference</text>"#,
+        r#"<line x1="{x}" y1="36" x2="{}" y2="36" stroke="black" stroke-dasharray="4 3"/><text x="{}" y="40">honest ceiling (inference)</text>"#,
         x + 24.0,
         x + 28.0
     );
@@ -179,6 +184,8 @@ pub fn svg(r: &Report) -> String {
                     inference_gpus: c.iter().map(|m| m.inference_gpus).sum::<f32>() / n,
                     research_gpus: c.iter().map(|m| m.research_gpus).sum::<f32>() / n,
                     ideal_inference_gpus: c.iter().map(|m| m.ideal_inference_gpus).sum::<f32>() / n,
+                    ceiling_inference_gpus: c.iter().map(|m| m.ceiling_inference_gpus).sum::<f32>()
+                        / n,
                     slo_ok: c.iter().all(|m| m.slo_ok),
                 }
             })
@@ -188,11 +195,11 @@ pub fn svg(r: &Report) -> String {
         let ys = |g: f64| y0 + PANEL_H - PANEL_H * (g / gpus).clamp(0.0, 1.0);
         let _ = writeln!(
             s,
-            r#"<text x="{LEFT}" y="{}" font-weight="bold">{} — lent {:.0} GPU-h ({:.1} % of ideally idle), {:.2} % of minutes within SLO</text>"#,
+            r#"<text x="{LEFT}" y="{}" font-weight="bold">{} — lent {:.0} GPU-h ({:.1} % of the honest ceiling), {:.2} % of minutes within SLO</text>"#,
             y0 - 8.0,
             p.label,
             p.lent_gpu_hours,
-            p.harvest_share * 100.0,
+            p.ceiling_share * 100.0,
             p.minutes_within_slo_share * 100.0
         );
         let _ = writeln!(
@@ -225,7 +232,7 @@ pub fn svg(r: &Report) -> String {
         let _ = writeln!(s, r##"<path d="{inf}" fill="#4e79a7"/>"##);
         let mut ideal = String::new();
         for (i, b) in buckets.iter().enumerate() {
-            let y = ys(f64::from(b.ideal_inference_gpus));
+            let y = ys(f64::from(b.ceiling_inference_gpus));
             let cmd = if i == 0 { 'M' } else { 'L' };
             let _ = write!(ideal, "{cmd}{:.1},{y:.1} L{:.1},{y:.1} ", xs(i), xs(i + 1));
         }
