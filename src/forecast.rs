@@ -83,7 +83,6 @@ const MAX_READING: f64 = 1e9;
 
 /// Tunables; Default = 300 s buckets, 14 days kept, 3 recent days for the daily median.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
 pub struct ForecastConfig {
     /// Width of a bucket of the day, seconds (clamped to 1 s – 1 day).
     pub bucket_s: f64,
