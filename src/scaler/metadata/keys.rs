@@ -239,7 +239,7 @@ pub const KEYS: &[Key] = &[
     key(
         "forecastLead",
         All,
-        Literal("3m"),
+        Described("`3m` (with `forecast`)"),
         "how far ahead the forecast looks (a replica's start-up; max `1h`; only with `forecast`)",
     ),
     key(
