@@ -544,6 +544,25 @@ mod tests {
         );
     }
 
+    /// The simulator's use: observe and ask every 15 s for a week (40,320 of each).
+    #[test]
+    fn a_week_at_the_simulators_step_stays_cheap() {
+        let mut shape = DailyShape::new(ForecastConfig::default());
+        let started = std::time::Instant::now();
+        let mut t = 0.0;
+        let mut decided = 0;
+        while t < 7.0 * DAY_S {
+            let now = curve(t);
+            shape.observe(t, now);
+            decided += usize::from(with_forecast(now, shape.expected(t, 180.0)).1);
+            t += STEP_S;
+        }
+        assert!(decided > 0);
+        // Far above the few milliseconds it takes, even unoptimised on a loaded machine: a
+        // guard against a predict cost that grows with the history, not a benchmark.
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    }
+
     #[test]
     fn memory_does_not_grow_with_time() {
         let mut shape = DailyShape::new(ForecastConfig::default());

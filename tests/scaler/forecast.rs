@@ -1,7 +1,9 @@
 //! The daily forecast over real gRPC: a scaler whose clock is set to 09:59 rebuilds a
 //! ScaledObject's daily shape from a Prometheus stand-in serving two days of its measured demand
 //! (1 replica, 6 from 10:00 to 11:00), and answers 6 replicas ahead of the 10:00 ramp while the
-//! emulator reports a load of 1 replica; without `forecast` the same load answers 1.
+//! emulator reports a load of 1 replica; without `forecast` the same load answers 1. Then the
+//! same ramp fed through the emulator over two days of a clock the test moves: the live shape
+//! learns it and answers it ahead of time on the third day.
 
 use std::{
     collections::HashMap,
@@ -287,4 +289,71 @@ async fn a_failed_read_stays_an_error_with_forecast() {
     let forecast = explained.forecast.expect("forecast explained");
     assert_eq!((forecast.measured, forecast.decided), (None, false));
     assert!(explained.error.is_some() && explained.replicas.is_none());
+}
+
+/// The synthetic day in replicas: [`HIGH`] during the ramp's hour, [`LOW`] otherwise.
+fn synthetic(t: i64) -> f64 {
+    if RAMP.contains(&t.rem_euclid(DAY)) {
+        HIGH
+    } else {
+        LOW
+    }
+}
+
+#[tokio::test]
+async fn forecast_learns_a_ramp_fed_through_the_emulator_and_answers_ahead_of_it() {
+    // A clock the test moves; no Prometheus: the shape learns from live evaluations only.
+    let at = Arc::new(Mutex::new((TODAY - 2) * DAY));
+    let clock = {
+        let at = at.clone();
+        Clock::from_fn(move || {
+            let t = *at.lock().unwrap_or_else(|p| p.into_inner());
+            Timestamp::from_second(t).unwrap_or(Timestamp::UNIX_EPOCH)
+        })
+    };
+    // No cache: every evaluation reads the emulator as the test set it.
+    let s = ScalerUnderTest::start_with_forecast(
+        Duration::ZERO,
+        ForecastOptions {
+            clock,
+            ..ForecastOptions::default()
+        },
+    )
+    .await;
+    let vllm = Emulator::start("llama", 1, false).await;
+    let endpoint = vllm.endpoint();
+    let on = scaled_object(
+        "learner",
+        &[
+            ("endpoints", endpoint.as_str()),
+            ("model", "llama"),
+            ("waitingTarget", "2"),
+            ("forecast", "daily"),
+        ],
+    );
+    let mut c = s.client().await;
+    // Two days, one evaluation per 5-minute bucket, the load following the synthetic day
+    // (2 waiting requests per replica of demand).
+    for t in ((TODAY - 2) * DAY..TODAY * DAY).step_by(300) {
+        *at.lock().expect("lock") = t;
+        vllm.set(0, |e| e.waiting = 2.0 * synthetic(t));
+        get_metrics(&mut c, &on).await.expect("metrics");
+    }
+    // 09:59 on the third day, the load still low: the ramp's demand is answered ahead of it.
+    *at.lock().expect("lock") = NOW;
+    vllm.set(0, |e| e.waiting = 2.0 * LOW);
+    let v = get_metrics(&mut c, &on).await.expect("metrics");
+    assert_eq!(v.metric_value, 600, "{v:?}");
+    let f = s
+        .scaler
+        .decisions()
+        .get(NAMESPACE, "learner")
+        .and_then(|e| e.forecast)
+        .expect("forecast explained");
+    assert!(f.decided, "{f:?}");
+    assert_eq!((f.measured, f.days_learned), (Some(LOW), 3), "{f:?}");
+    // At 11:30, after the ramp, the forecast expects the low level again and does not decide.
+    *at.lock().expect("lock") = TODAY * DAY + 11 * 3600 + 30 * 60;
+    let v = get_metrics(&mut c, &on).await.expect("metrics");
+    assert_eq!(v.metric_value, 100, "{v:?}");
 }
