@@ -8,6 +8,9 @@
 //!   it imports nothing of the crate; the scaler, the sources and the simulator build on it.
 //! - [`notice`]: the pure reclaim-notice decisions (when inference will need more replicas, and
 //!   which research pods the scheduler will preempt for them), beside [`demand`] at the bottom.
+//! - [`forecast`]: the pure forecast of a service's daily demand shape (by time of day and day
+//!   of week), beside [`demand`] at the bottom; the scaler's `forecast` signal and the simulator
+//!   share it.
 //! - [`scaler`]: the KEDA external scaler (gRPC) that turns vLLM metrics into demand.
 //! - [`sources`]: where vLLM metrics come from (Prometheus, direct scrape of vLLM pods).
 //! - [`webhook`]: the mutating admission webhook that marks research pods.
@@ -27,6 +30,7 @@ pub mod cli;
 pub mod cluster;
 pub mod demand;
 pub mod duration;
+pub mod forecast;
 pub mod listen;
 pub mod notice;
 pub mod pool;

@@ -1,6 +1,7 @@
 //! The latest decision per ScaledObject, kept for the admin endpoint
 //! `GET /scaler/decisions[/{namespace}/{name}]`: each signal's raw value, target and ratio, and
-//! the result (or the error that was returned instead).
+//! the result (or the error that was returned instead), and, for a trigger with `forecast`,
+//! what the forecast expected and whether it decided.
 
 use std::{
     sync::{Arc, Mutex},
@@ -47,7 +48,7 @@ pub struct Explanation {
     pub terms: Vec<TermView>,
     /// The signal with the largest ratio.
     pub driver: Option<String>,
-    /// Demand in replicas (the largest ratio).
+    /// Demand reported, in replicas: the largest ratio, or the forecast's demand when it decided.
     pub replicas: Option<f64>,
     /// What `GetMetrics` reports (`replicas × 100`, against a target of 100).
     pub metric_value: Option<f64>,
@@ -56,6 +57,29 @@ pub struct Explanation {
     pub activation_threshold: f64,
     /// The gRPC error returned instead of a value, if any.
     pub error: Option<ErrorView>,
+    /// The daily forecast, for a trigger with `forecast: daily`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forecast: Option<ForecastView>,
+}
+
+/// What the daily forecast did in one evaluation.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ForecastView {
+    /// Demand measured from the source, in replicas; `None` when the read failed (the error is
+    /// answered, the forecast does not replace it).
+    pub measured: Option<f64>,
+    /// Demand the service's daily shape expects within the lead, in replicas; `None` while it has
+    /// no earlier day at these times of day.
+    pub expected: Option<f64>,
+    /// How far ahead the forecast looks (`forecastLead`), seconds.
+    pub lead_seconds: f64,
+    /// Days with readings in the shape's history (at most 14).
+    pub days_learned: usize,
+    /// The forecast decided: it expected more than was measured, and `replicas` is its demand.
+    pub decided: bool,
+    /// Where the shape's history comes from (live evaluations, or rebuilt from Prometheus).
+    pub history: String,
 }
 
 /// An error returned to KEDA.
@@ -166,6 +190,7 @@ mod tests {
             active: Some(true),
             activation_threshold: 0.0,
             error: None,
+            forecast: None,
         }
     }
 

@@ -1,5 +1,6 @@
-//! The scaler's own metrics: requests by RPC and status code, request latency, and the last
-//! demand reported per ScaledObject.
+//! The scaler's own metrics: requests by RPC and status code, request latency, the last demand
+//! reported and the last demand measured per ScaledObject (they differ when a forecast decided;
+//! the forecast's rebuild after a restart reads the measured one), and the forecast rebuilds.
 
 use std::sync::atomic::AtomicU64;
 
@@ -8,6 +9,10 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
+
+/// The measured-demand gauge's name without the registry's prefix (`nightshift_`): the
+/// forecast's rebuild queries it by this name.
+pub const MEASURED_DEMAND: &str = "scaler_measured_demand_replicas";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RpcLabels {
@@ -18,6 +23,11 @@ struct RpcLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RpcOnly {
     rpc: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -40,7 +50,9 @@ pub struct ScalerMetrics {
     requests: Family<RpcLabels, Counter>,
     duration: Family<RpcOnly, Histogram, fn() -> Histogram>,
     demand: Family<ObjectLabels, Gauge<f64, AtomicU64>>,
+    measured: Family<ObjectLabels, Gauge<f64, AtomicU64>>,
     pods: Family<ObjectLabels, Gauge>,
+    rebuilds: Family<OutcomeLabels, Counter>,
 }
 
 impl Default for ScalerMetrics {
@@ -49,7 +61,9 @@ impl Default for ScalerMetrics {
             requests: Family::default(),
             duration: Family::new_with_constructor(rpc_histogram),
             demand: Family::default(),
+            measured: Family::default(),
             pods: Family::default(),
+            rebuilds: Family::default(),
         }
     }
 }
@@ -73,6 +87,18 @@ impl ScalerMetrics {
             self.demand.clone(),
         );
         registry.register(
+            MEASURED_DEMAND,
+            "Last demand measured per ScaledObject, in replicas, before any forecast raised it \
+             (what the forecast learns from)",
+            self.measured.clone(),
+        );
+        registry.register(
+            "scaler_forecast_rebuilds",
+            "Rebuilds of a ScaledObject's forecast from Prometheus after a start, by outcome (ok, \
+             failed)",
+            self.rebuilds.clone(),
+        );
+        registry.register(
             "scaler_pods",
             "Pods that reported readings at the last demand decision per ScaledObject (the \
              replicas serving)",
@@ -93,14 +119,23 @@ impl ScalerMetrics {
             .observe(seconds);
     }
 
-    /// Records the demand last reported for a ScaledObject, and the pods it was read from
-    /// (`None` for a raw query, which reads no pods).
-    pub fn demand(&self, namespace: &str, name: &str, replicas: f64, pods: Option<usize>) {
+    /// Records the demand last reported for a ScaledObject, the demand measured (the same unless
+    /// a forecast raised it), and the pods it was read from (`None` for a raw query, which reads
+    /// no pods).
+    pub fn demand(
+        &self,
+        namespace: &str,
+        name: &str,
+        replicas: f64,
+        measured: f64,
+        pods: Option<usize>,
+    ) {
         let labels = ObjectLabels {
             namespace: namespace.to_string(),
             scaled_object: name.to_string(),
         };
         self.demand.get_or_create(&labels).set(replicas);
+        self.measured.get_or_create(&labels).set(measured);
         if let Some(pods) = pods {
             self.pods
                 .get_or_create(&labels)
@@ -116,7 +151,16 @@ impl ScalerMetrics {
             scaled_object: name.to_string(),
         };
         self.demand.remove(&labels);
+        self.measured.remove(&labels);
         self.pods.remove(&labels);
+    }
+
+    /// Counts one forecast rebuild from Prometheus, `ok` or not.
+    pub fn rebuild(&self, ok: bool) {
+        let outcome = if ok { "ok" } else { "failed" };
+        self.rebuilds
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
     }
 }
 
@@ -135,8 +179,8 @@ mod tests {
         let metrics = ScalerMetrics::default();
         let mut registry = Registry::with_prefix("nightshift");
         metrics.register(&mut registry);
-        metrics.demand("team-a", "deleted", 2.0, Some(4));
-        metrics.demand("team-a", "kept", 3.0, Some(2));
+        metrics.demand("team-a", "deleted", 2.0, 1.0, Some(4));
+        metrics.demand("team-a", "kept", 3.0, 3.0, Some(2));
         metrics.forget("team-a", "deleted");
         let text = exposition(&registry);
         assert!(!text.contains("scaled_object=\"deleted\""), "{text}");

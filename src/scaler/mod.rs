@@ -4,6 +4,8 @@
 //! - [`metadata`] parses a trigger's metadata into a typed configuration;
 //! - [`Scaler`] reads the sources, applies the pure demand math ([`crate::demand`], shared with
 //!   the simulator) and keeps explanations ([`explain`]);
+//! - [`forecasts`] keeps the daily forecast of the triggers with `forecast: daily` (the pure
+//!   [`crate::forecast`] model, shared with the simulator) and rebuilds it from Prometheus;
 //! - [`service`] is the thin gRPC adapter, [`error`] the one mapping to gRPC status codes;
 //! - [`tls`] names the scaler's TLS/mTLS choices for [`crate::tls`] (reloaded from disk);
 //! - [`start`] wires it into the process.
@@ -13,6 +15,7 @@
 
 pub mod error;
 pub mod explain;
+pub mod forecasts;
 pub mod metadata;
 pub mod metrics;
 pub mod service;
@@ -25,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use error::{Error, StartError};
 use explain::{Decisions, ErrorView, Explanation, TermView};
+use forecasts::{ForecastOptions, Forecasts};
 use metadata::{EmptyResult, Source, TriggerConfig};
 
 use crate::{
@@ -78,6 +82,13 @@ pub struct ScalerArgs {
     /// How often the TLS files are checked for rotation.
     #[arg(long, env = "NIGHTSHIFT_SCALER_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = crate::duration::parse_duration)]
     pub scaler_tls_reload_interval: Duration,
+
+    /// Prometheus that scrapes nightshift (e.g. `http://prometheus.monitoring:9090`): a trigger
+    /// with `forecast: daily` rebuilds its daily shape from nightshift's own measured-demand
+    /// series there when first evaluated after a start. Without it the shape learns from live
+    /// evaluations only.
+    #[arg(long, env = "NIGHTSHIFT_SCALER_FORECAST_PROMETHEUS")]
+    pub scaler_forecast_prometheus: Option<String>,
 
     #[command(flatten)]
     pub policy: PolicyArgs,
@@ -147,6 +158,8 @@ pub struct Options {
     pub stream_interval: Duration,
     /// Which upstreams ScaledObjects may make the scaler call.
     pub policy: SourcePolicy,
+    /// How triggers with `forecast` learn and rebuild their daily shape.
+    pub forecast: ForecastOptions,
 }
 
 /// Name of the metric in `GetMetricSpec`/`GetMetrics` (KEDA prefixes it with `s{index}-`).
@@ -169,6 +182,7 @@ pub struct Scaler {
     prometheus: PrometheusSource,
     scrape: ScrapeSource,
     decisions: Decisions,
+    forecasts: Forecasts,
     metrics: metrics::ScalerMetrics,
     options: Options,
     shutdown: CancellationToken,
@@ -190,6 +204,7 @@ impl Scaler {
             prometheus: PrometheusSource::new(options.cache_ttl, source_metrics.clone()),
             scrape: ScrapeSource::new(options.cache_ttl, discovery, source_metrics, policy)?,
             decisions: Decisions::default(),
+            forecasts: Forecasts::new(options.forecast.clone(), metrics.clone(), shutdown.clone()),
             metrics,
             options,
             shutdown,
@@ -253,15 +268,22 @@ impl Scaler {
             active: None,
             activation_threshold: config.activation_threshold,
             error: None,
+            forecast: None,
         };
-        let result = self.decide(&config, &mut explanation).await;
+        let measured = self.decide(&config, &mut explanation).await;
+        let result = self.forecast(namespace, name, &config, measured, &mut explanation);
         match &result {
             Ok(ev) => {
                 explanation.replicas = Some(ev.replicas);
                 explanation.metric_value = Some(ev.metric_value);
                 explanation.active = Some(ev.active);
+                let measured = explanation
+                    .forecast
+                    .as_ref()
+                    .and_then(|f| f.measured)
+                    .unwrap_or(ev.replicas);
                 self.metrics
-                    .demand(namespace, name, ev.replicas, explanation.pods);
+                    .demand(namespace, name, ev.replicas, measured, explanation.pods);
             }
             Err(e) => {
                 tracing::warn!(%namespace, scaled_object = %name, error = %e, "no demand reported");
@@ -273,8 +295,56 @@ impl Scaler {
         }
         for (namespace, name) in self.decisions.record(explanation) {
             self.metrics.forget(&namespace, &name);
+            self.forecasts.forget(&namespace, &name);
         }
         result
+    }
+
+    /// Applies the trigger's daily forecast to the measured evaluation: the shape learns the
+    /// measured demand, and the answer is max(measured, expected within the lead). A failed read
+    /// stays the error it is: the forecast neither learns from it nor answers in its place, so
+    /// KEDA's `fallback` applies as for any trigger (a forecast-only answer would hide a broken
+    /// source behind yesterday's demand). Without `forecast`, the ScaledObject's shape, if any,
+    /// is dropped.
+    fn forecast(
+        &self,
+        namespace: &str,
+        name: &str,
+        config: &TriggerConfig,
+        measured: Result<Evaluation, Error>,
+        explanation: &mut Explanation,
+    ) -> Result<Evaluation, Error> {
+        let Some(forecast) = config.forecast else {
+            self.forecasts.forget(namespace, name);
+            return measured;
+        };
+        let measured = match measured {
+            Ok(ev) => ev,
+            Err(e) => {
+                explanation.forecast =
+                    Some(self.forecasts.unavailable(namespace, name, forecast.lead));
+                return Err(e);
+            }
+        };
+        let (reported, view) =
+            self.forecasts
+                .apply(namespace, name, forecast.lead, measured.replicas);
+        let decided = view.decided;
+        explanation.forecast = Some(view);
+        if !decided {
+            return Ok(measured);
+        }
+        let decision = demand::Decision {
+            replicas: reported,
+            driver: None,
+            terms: Vec::new(),
+        };
+        Ok(Evaluation {
+            replicas: reported,
+            metric_value: decision.metric_value(),
+            metric_value_int: decision.metric_value_int(),
+            active: decision.is_active(config.activation_threshold),
+        })
     }
 
     async fn decide(
@@ -428,6 +498,7 @@ pub async fn start(args: ScalerArgs, ctx: &mut Context) -> Result<Arc<Scaler>, S
         scaler_addr,
         scaler_cache_ttl,
         scaler_stream_interval,
+        scaler_forecast_prometheus,
         ..
     } = args.clone();
     let tls = load_tls(&args, &ctx.tls_metrics)?;
@@ -446,6 +517,12 @@ pub async fn start(args: ScalerArgs, ctx: &mut Context) -> Result<Arc<Scaler>, S
             cache_ttl: scaler_cache_ttl,
             stream_interval: scaler_stream_interval,
             policy: args.policy.policy(),
+            forecast: ForecastOptions {
+                prometheus: scaler_forecast_prometheus
+                    .map(|a| a.trim().trim_end_matches('/').to_string())
+                    .filter(|a| !a.is_empty()),
+                ..ForecastOptions::default()
+            },
         },
         ctx.kube.clone(),
         source_metrics,

@@ -334,6 +334,7 @@ mod tests {
             active: None,
             activation_threshold: 0.0,
             error: None,
+            forecast: None,
         }
     }
 

@@ -6,6 +6,7 @@ use std::{collections::HashMap, net::SocketAddr, sync::Arc, time::Duration};
 use nightshift::{
     scaler::{
         Options, Scaler,
+        forecasts::ForecastOptions,
         metrics::ScalerMetrics,
         service::{
             self,
@@ -79,6 +80,41 @@ impl ScalerUnderTest {
         policy: SourcePolicy,
         limits: service::Limits,
     ) -> Self {
+        Self::start_options(
+            Options {
+                cache_ttl,
+                stream_interval,
+                policy,
+                forecast: ForecastOptions::default(),
+            },
+            tls,
+            limits,
+        )
+        .await
+    }
+
+    /// A plaintext, permissive scaler whose forecasts run under `forecast` (its clock, its
+    /// Prometheus).
+    pub async fn start_with_forecast(cache_ttl: Duration, forecast: ForecastOptions) -> Self {
+        Self::start_options(
+            Options {
+                cache_ttl,
+                stream_interval: Duration::from_millis(50),
+                policy: SourcePolicy::permissive(),
+                forecast,
+            },
+            None,
+            service::Limits::default(),
+        )
+        .await
+    }
+
+    /// A scaler with `options`, serving `tls` (or plaintext) under listener `limits`.
+    pub async fn start_options(
+        options: Options,
+        tls: Option<Arc<ServerTls>>,
+        limits: service::Limits,
+    ) -> Self {
         nightshift::install_crypto_provider();
         let stop = CancellationToken::new();
         let mut registry = Registry::with_prefix("nightshift");
@@ -87,18 +123,8 @@ impl ScalerUnderTest {
         let scaler_metrics = ScalerMetrics::default();
         scaler_metrics.register(&mut registry);
         let scaler = Arc::new(
-            Scaler::new(
-                Options {
-                    cache_ttl,
-                    stream_interval,
-                    policy,
-                },
-                None,
-                source_metrics,
-                scaler_metrics,
-                stop.clone(),
-            )
-            .expect("scaler"),
+            Scaler::new(options, None, source_metrics, scaler_metrics, stop.clone())
+                .expect("scaler"),
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

@@ -3,6 +3,7 @@
 
 mod emulator;
 mod fake_prometheus;
+mod forecast;
 mod grpc;
 mod harness;
 mod limits;

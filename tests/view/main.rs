@@ -50,6 +50,7 @@ fn decision(at: Timestamp, demand: f64) -> Explanation {
         active: Some(true),
         activation_threshold: 0.0,
         error: None,
+        forecast: None,
     }
 }
 

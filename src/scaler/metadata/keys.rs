@@ -230,6 +230,19 @@ pub const KEYS: &[Key] = &[
         "window of token rates (at least two scrapes for direct scrapes; max `1h`)",
     ),
     key(
+        "forecast",
+        All,
+        Literal("off"),
+        "`daily`: also report the demand this service's learned daily shape expects one \
+         `forecastLead` ahead, when higher than the measured demand (see Forecast); `off`: none",
+    ),
+    key(
+        "forecastLead",
+        All,
+        Described("`3m` (with `forecast`)"),
+        "how far ahead the forecast looks (a replica's start-up; max `1h`; only with `forecast`)",
+    ),
+    key(
         "timeout",
         All,
         Literal("3s"),

@@ -32,6 +32,13 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_RATE_WINDOW: Duration = Duration::from_secs(60);
 /// Upper bound accepted for `rateWindow`: an hour-long rate no longer follows load at all.
 const MAX_RATE_WINDOW: Duration = Duration::from_secs(3600);
+/// Default `forecastLead`: a vLLM replica's typical start-up with its weights cached on the
+/// node (image present, model loaded, CUDA graphs captured), so the replica asked for ahead of
+/// a daily ramp is serving when the ramp arrives.
+pub const DEFAULT_FORECAST_LEAD: Duration = Duration::from_secs(180);
+/// Upper bound accepted for `forecastLead`: looking further ahead holds replicas for a ramp an
+/// hour away, which is lending capacity to nobody; no replica starts that slowly.
+const MAX_FORECAST_LEAD: Duration = Duration::from_secs(3600);
 
 /// Keys KEDA reads for its own connection to the scaler; they reach us too and are ignored.
 const KEDA_KEYS: &[&str] = &[
@@ -79,6 +86,16 @@ pub struct TriggerConfig {
     pub activation_threshold: f64,
     pub empty_result: EmptyResult,
     pub rate_window: Duration,
+    /// The daily forecast, when `forecast: daily`.
+    pub forecast: Option<Forecast>,
+}
+
+/// The `forecast` signal of a trigger: report max(measured, the demand the service's daily
+/// shape expects within `lead`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Forecast {
+    /// How far ahead the forecast looks (`forecastLead`).
+    pub lead: Duration,
 }
 
 /// Invalid metadata: every problem, each naming its key.
@@ -110,6 +127,7 @@ pub fn parse(
         }
     });
     let demand = demand(&mut r);
+    let forecast = forecast(&mut r);
     match source {
         Some(source) if r.problems.is_empty() => Ok(TriggerConfig {
             rate_window: common.rate_window,
@@ -119,6 +137,7 @@ pub fn parse(
             query: demand.query,
             activation_threshold: demand.activation_threshold,
             empty_result: demand.empty_result,
+            forecast,
         }),
         _ => Err(r.into_error()),
     }
@@ -381,6 +400,24 @@ fn raw_query(r: &mut Reader<'_>) -> Option<RawQuery> {
     }
 }
 
+/// `forecast` and its `forecastLead`; a lead without a forecast is a problem.
+fn forecast(r: &mut Reader<'_>) -> Option<Forecast> {
+    let enabled = match r.text("forecast") {
+        None => Some(false),
+        Some(v) if v.eq_ignore_ascii_case("off") => Some(false),
+        Some(v) if v.eq_ignore_ascii_case("daily") => Some(true),
+        Some(v) => {
+            r.bad("forecast", format!("{v:?} must be daily or off"));
+            None
+        }
+    };
+    let lead = r.duration("forecastLead", DEFAULT_FORECAST_LEAD, MAX_FORECAST_LEAD);
+    if enabled == Some(false) && r.text("forecastLead").is_some() {
+        r.bad("forecastLead", "only applies with forecast: daily");
+    }
+    (enabled == Some(true)).then_some(Forecast { lead })
+}
+
 fn empty_result(r: &mut Reader<'_>) -> EmptyResult {
     match r.text("emptyResult") {
         None => EmptyResult::Error,
@@ -620,6 +657,62 @@ mod tests {
         assert_eq!(c.empty_result, EmptyResult::Error);
         assert_eq!(c.activation_threshold, 0.0);
         assert_eq!(c.rate_window, DEFAULT_RATE_WINDOW);
+    }
+
+    #[test]
+    fn forecast_is_off_unless_daily_and_its_lead_is_checked() {
+        let base = [
+            ("serverAddress", "http://prom:9090"),
+            ("waitingTarget", "5"),
+        ];
+        assert_eq!(ok(&base).forecast, None);
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut pairs = base.to_vec();
+            pairs.extend_from_slice(extra);
+            pairs
+        };
+        assert_eq!(ok(&with(&[("forecast", "off")])).forecast, None);
+        assert_eq!(
+            ok(&with(&[("forecast", "daily")])).forecast,
+            Some(Forecast {
+                lead: DEFAULT_FORECAST_LEAD
+            })
+        );
+        assert_eq!(
+            ok(&with(&[("forecast", "Daily"), ("forecastLead", "90s")])).forecast,
+            Some(Forecast {
+                lead: Duration::from_secs(90)
+            })
+        );
+        for (pairs, problem) in [
+            (
+                with(&[("forecast", "weekly")]),
+                "forecast: \"weekly\" must be daily or off",
+            ),
+            (
+                with(&[("forecastLead", "3m")]),
+                "forecastLead: only applies with forecast",
+            ),
+            (
+                with(&[("forecast", "off"), ("forecastLead", "3m")]),
+                "forecastLead: only applies with forecast",
+            ),
+            (
+                with(&[("forecast", "daily"), ("forecastLead", "0s")]),
+                "forecastLead: must be longer than zero",
+            ),
+            (
+                with(&[("forecast", "daily"), ("forecastLead", "2h")]),
+                "forecastLead: 2h is longer than the allowed",
+            ),
+            (
+                with(&[("forecast", "daily"), ("forecastLead", "soon")]),
+                "forecastLead: ",
+            ),
+        ] {
+            let e = err(&pairs);
+            assert!(e.contains(problem), "{pairs:?}: {e}");
+        }
     }
 
     #[test]

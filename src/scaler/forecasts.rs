@@ -1,0 +1,437 @@
+//! The scaler's forecasts: one [`DailyShape`] per ScaledObject whose trigger has
+//! `forecast: daily`, fed the *measured* demand at each evaluation, asked for the demand expected
+//! one lead time ahead, and rebuilt after a start from Prometheus when one is configured.
+//!
+//! The shape itself is the pure [`crate::forecast`] model, the one the simulator runs. This
+//! module owns what surrounds it in the live scaler: the wall clock (injectable, see [`Clock`]),
+//! the map of shapes (dropped with the ScaledObject's other state when it is no longer
+//! evaluated), and the rebuild.
+//!
+//! # Rebuild
+//!
+//! On the first evaluation of a forecast-enabled ScaledObject, when `--scaler-forecast-prometheus`
+//! is set, a task (off the request path, bounded by [`REBUILD_TIMEOUT`]) reads the last
+//! `days_kept` days of nightshift's own measured-demand gauge for exactly that namespace and name:
+//!
+//! ```text
+//! max(max_over_time(nightshift_scaler_measured_demand_replicas{namespace="NS",scaled_object="NAME"}[300s]))
+//! ```
+//!
+//! with a step of one bucket (each point is the peak of the bucket that ends there; `max` across
+//! scaler replicas). Only the ScaledObject's own namespace and name enter the query, quoted; no
+//! author-supplied PromQL or address is used. A failed rebuild is logged, counted
+//! (`nightshift_scaler_forecast_rebuilds_total{outcome="failed"}`) and shown in the explanation;
+//! the shape then learns from live evaluations only. Evaluations never wait for it.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use jiff::Timestamp;
+use prometheus_http_query::response::Data;
+use tokio_util::sync::CancellationToken;
+
+use super::{explain::ForecastView, metrics::MEASURED_DEMAND, metrics::ScalerMetrics};
+use crate::{
+    admin::METRICS_PREFIX,
+    forecast::{DailyShape, ForecastConfig, with_forecast},
+    sources::prometheus::{Auth, Server, build_client},
+};
+
+/// Bound on one rebuild: a healthy Prometheus answers a 14-day range query of one series at
+/// 5-minute steps (4,032 points) well within a second; a hung one must not hold a task for long.
+pub const REBUILD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The wall clock the forecasts read (Unix time). The system clock in production; tests set
+/// their own to replay days of history in moments.
+#[derive(Clone)]
+pub struct Clock(Arc<dyn Fn() -> Timestamp + Send + Sync>);
+
+impl Clock {
+    /// The system's clock.
+    pub fn system() -> Clock {
+        Clock(Arc::new(Timestamp::now))
+    }
+
+    /// A clock reading `now`.
+    pub fn from_fn(now: impl Fn() -> Timestamp + Send + Sync + 'static) -> Clock {
+        Clock(Arc::new(now))
+    }
+
+    /// The time now.
+    pub fn now(&self) -> Timestamp {
+        (self.0)()
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock::system()
+    }
+}
+
+impl fmt::Debug for Clock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Not the time: a test's clock may be mid-update while options are printed.
+        f.write_str("Clock")
+    }
+}
+
+/// How the scaler runs forecasts.
+#[derive(Clone, Debug)]
+pub struct ForecastOptions {
+    /// Prometheus that scrapes nightshift, to rebuild shapes from after a start; `None`: shapes
+    /// learn from live evaluations only.
+    pub prometheus: Option<String>,
+    /// Bound on one rebuild.
+    pub rebuild_timeout: Duration,
+    /// The model's tunables.
+    pub config: ForecastConfig,
+    /// The wall clock.
+    pub clock: Clock,
+}
+
+impl Default for ForecastOptions {
+    fn default() -> Self {
+        ForecastOptions {
+            prometheus: None,
+            rebuild_timeout: REBUILD_TIMEOUT,
+            config: ForecastConfig::default(),
+            clock: Clock::system(),
+        }
+    }
+}
+
+/// Why a rebuild failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RebuildError {
+    #[error("cannot query Prometheus at {address}: {detail}")]
+    Client { address: String, detail: String },
+    #[error("Prometheus at {address} did not answer within {after:?}")]
+    Timeout { address: String, after: Duration },
+    #[error("Prometheus at {address} failed the query {query:?}: {source}")]
+    Query {
+        address: String,
+        query: String,
+        #[source]
+        source: prometheus_http_query::Error,
+    },
+    #[error("Prometheus at {address} answered the range query {query:?} with no matrix")]
+    NotMatrix { address: String, query: String },
+    #[error("the scaler is shutting down")]
+    ShuttingDown,
+}
+
+/// Where a shape's history comes from.
+#[derive(Clone, Debug, PartialEq)]
+enum History {
+    /// No Prometheus configured: learned from live evaluations since the scaler started.
+    Live,
+    /// The rebuild from Prometheus is running.
+    Rebuilding,
+    /// Rebuilt from Prometheus with this many points, then live.
+    Rebuilt(usize),
+    /// The rebuild failed (why); live evaluations only.
+    Failed(String),
+}
+
+impl fmt::Display for History {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            History::Live => f.write_str("live evaluations since the scaler started"),
+            History::Rebuilding => f.write_str("rebuilding from Prometheus; live evaluations"),
+            History::Rebuilt(points) => write!(
+                f,
+                "rebuilt from Prometheus ({points} points), then live evaluations"
+            ),
+            History::Failed(why) => write!(
+                f,
+                "live evaluations since the scaler started (rebuild from Prometheus failed: {why})"
+            ),
+        }
+    }
+}
+
+struct Entry {
+    shape: DailyShape,
+    history: History,
+}
+
+/// (namespace, name) of a ScaledObject.
+type Key = (String, String);
+
+/// The shapes of the forecast-enabled ScaledObjects; cheap to share.
+pub struct Forecasts {
+    options: ForecastOptions,
+    entries: Arc<Mutex<HashMap<Key, Entry>>>,
+    metrics: ScalerMetrics,
+    shutdown: CancellationToken,
+}
+
+impl Forecasts {
+    pub fn new(
+        options: ForecastOptions,
+        metrics: ScalerMetrics,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Forecasts {
+            options,
+            entries: Arc::new(Mutex::new(HashMap::new())),
+            metrics,
+            shutdown,
+        }
+    }
+
+    /// Records `measured` demand for the ScaledObject now and answers what to report:
+    /// max(measured, demand expected within `lead`), with the explanation. The first call for a
+    /// ScaledObject starts its shape (and its rebuild).
+    pub fn apply(
+        &self,
+        namespace: &str,
+        name: &str,
+        lead: Duration,
+        measured: f64,
+    ) -> (f64, ForecastView) {
+        let now = seconds(self.options.clock.now());
+        let key = (namespace.to_string(), name.to_string());
+        let mut entries = self.lock();
+        let entry = match entries.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let history = self.start_rebuild(namespace, name);
+                e.insert(Entry {
+                    shape: DailyShape::new(self.options.config),
+                    history,
+                })
+            }
+        };
+        entry.shape.observe(now, measured);
+        let expected = entry.shape.expected(now, lead.as_secs_f64());
+        let (reported, decided) = with_forecast(measured, expected);
+        let view = ForecastView {
+            measured: Some(measured),
+            expected,
+            lead_seconds: lead.as_secs_f64(),
+            days_learned: entry.shape.days_learned(),
+            decided,
+            history: entry.history.to_string(),
+        };
+        (reported, view)
+    }
+
+    /// The explanation when the source read failed: the error is answered, the forecast neither
+    /// learns nor answers (see `docs/scaler.md`, Forecast).
+    pub fn unavailable(&self, namespace: &str, name: &str, lead: Duration) -> ForecastView {
+        let entries = self.lock();
+        let entry = entries.get(&(namespace.to_string(), name.to_string()));
+        ForecastView {
+            measured: None,
+            expected: None,
+            lead_seconds: lead.as_secs_f64(),
+            days_learned: entry.map_or(0, |e| e.shape.days_learned()),
+            decided: false,
+            history: entry.map_or_else(|| "none yet".to_string(), |e| e.history.to_string()),
+        }
+    }
+
+    /// Drops the shape of a ScaledObject that is no longer evaluated (or no longer forecasts).
+    pub fn forget(&self, namespace: &str, name: &str) {
+        let mut entries = self.lock();
+        if !entries.is_empty() {
+            entries.remove(&(namespace.to_string(), name.to_string()));
+        }
+    }
+
+    /// ScaledObjects with a shape.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<Key, Entry>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Spawns the rebuild of a new shape when a Prometheus is configured; its history's origin.
+    fn start_rebuild(&self, namespace: &str, name: &str) -> History {
+        let Some(address) = self.options.prometheus.clone() else {
+            return History::Live;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return History::Failed("no async runtime to query Prometheus from".into());
+        };
+        let key = (namespace.to_string(), name.to_string());
+        let entries = self.entries.clone();
+        let metrics = self.metrics.clone();
+        let shutdown = self.shutdown.clone();
+        let (config, timeout) = (self.options.config, self.options.rebuild_timeout);
+        let now = self.options.clock.now();
+        runtime.spawn(async move {
+            let read = tokio::select! {
+                read = read_history(&address, &key, config, now, timeout) => read,
+                () = shutdown.cancelled() => Err(RebuildError::ShuttingDown),
+            };
+            metrics.rebuild(read.is_ok());
+            let mut entries = entries.lock().unwrap_or_else(|p| p.into_inner());
+            // Forgotten meanwhile: nothing to fill.
+            let Some(entry) = entries.get_mut(&key) else {
+                return;
+            };
+            match read {
+                Ok(points) => {
+                    for &(t, replicas) in &points {
+                        entry.shape.observe(t, replicas);
+                    }
+                    tracing::info!(namespace = %key.0, scaled_object = %key.1, points = points.len(), "forecast rebuilt from Prometheus");
+                    entry.history = History::Rebuilt(points.len());
+                }
+                Err(e) => {
+                    tracing::warn!(namespace = %key.0, scaled_object = %key.1, error = %e, "could not rebuild the forecast from Prometheus; it learns from live evaluations");
+                    entry.history = History::Failed(e.to_string());
+                }
+            }
+        });
+        History::Rebuilding
+    }
+}
+
+/// Unix seconds of `t`, with milliseconds.
+fn seconds(t: Timestamp) -> f64 {
+    t.as_millisecond() as f64 / 1000.0
+}
+
+/// The PromQL of a ScaledObject's measured demand, one point per bucket holding the bucket's peak
+/// (the latest `scaler_measured_demand_replicas` of every scaler replica, the highest).
+pub fn history_query(namespace: &str, name: &str, bucket_s: f64) -> String {
+    format!(
+        "max(max_over_time({METRICS_PREFIX}_{MEASURED_DEMAND}{{namespace=\"{}\",scaled_object=\"{}\"}}[{}s]))",
+        quote(namespace),
+        quote(name),
+        bucket_s.round().max(1.0)
+    )
+}
+
+/// `s` escaped for a PromQL double-quoted string.
+fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Reads the last `days_kept` days before `now` of the ScaledObject's measured demand: (time in
+/// the bucket, replicas) pairs, unusable values left out (the shape ignores them anyway).
+async fn read_history(
+    address: &str,
+    (namespace, name): &Key,
+    config: ForecastConfig,
+    now: Timestamp,
+    timeout: Duration,
+) -> Result<Vec<(f64, f64)>, RebuildError> {
+    let config = config.sanitized();
+    let server = Server {
+        address: address.to_string(),
+        auth: Auth::None,
+        headers: Vec::new(),
+        ca_cert: None,
+        unsafe_ssl: false,
+        timeout,
+    };
+    let client = build_client(&server).map_err(|e| RebuildError::Client {
+        address: address.to_string(),
+        detail: e.to_string(),
+    })?;
+    let query = history_query(namespace, name, config.bucket_s);
+    let step = config.bucket_s.round().max(1.0) as i64;
+    // Each point at t covers (t - step, t]: aligned on buckets, the bucket that ends at t.
+    let end = now.as_second().div_euclid(step) * step;
+    let start = end - config.days_kept as i64 * 86_400 + step;
+    let answer = tokio::time::timeout(
+        timeout,
+        client.query_range(&query, start, end, step as f64).get(),
+    )
+    .await
+    .map_err(|_| RebuildError::Timeout {
+        address: address.to_string(),
+        after: timeout,
+    })?
+    .map_err(|source| RebuildError::Query {
+        address: address.to_string(),
+        query: query.clone(),
+        source,
+    })?;
+    let Data::Matrix(matrix) = answer.into_inner().0 else {
+        return Err(RebuildError::NotMatrix {
+            address: address.to_string(),
+            query,
+        });
+    };
+    let half = step as f64 / 2.0;
+    Ok(matrix
+        .into_iter()
+        .flat_map(|series| series.into_inner().1)
+        .map(|s| (s.timestamp() - half, s.value()))
+        .filter(|(t, v)| t.is_finite() && v.is_finite() && *v >= 0.0)
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_history_query_names_only_the_scaled_object() {
+        assert_eq!(
+            history_query("team-a", "llama", 300.0),
+            "max(max_over_time(nightshift_scaler_measured_demand_replicas{namespace=\"team-a\",\
+             scaled_object=\"llama\"}[300s]))"
+        );
+        // Whatever a name holds stays inside its quoted label value.
+        let q = history_query("a\"} or vector(1) #", "b\\", 300.0);
+        assert!(q.contains("namespace=\"a\\\"} or vector(1) #\""), "{q}");
+        assert!(q.contains("scaled_object=\"b\\\\\""), "{q}");
+    }
+
+    #[tokio::test]
+    async fn a_shape_learns_reports_and_is_forgotten() {
+        let t0 = Timestamp::from_second(1_800_000_000).expect("timestamp");
+        let at = Arc::new(Mutex::new(t0));
+        let clock = {
+            let at = at.clone();
+            Clock::from_fn(move || *at.lock().unwrap_or_else(|p| p.into_inner()))
+        };
+        let forecasts = Forecasts::new(
+            ForecastOptions {
+                clock,
+                ..ForecastOptions::default()
+            },
+            ScalerMetrics::default(),
+            CancellationToken::new(),
+        );
+        let lead = Duration::from_secs(180);
+        let (reported, view) = forecasts.apply("ns", "so", lead, 4.0);
+        assert_eq!(reported, 4.0);
+        assert!(!view.decided && view.expected.is_none());
+        assert_eq!(view.history, History::Live.to_string());
+        // A day later at the same time, demand is lower: the forecast answers yesterday's.
+        *at.lock().unwrap_or_else(|p| p.into_inner()) = t0 + jiff::SignedDuration::from_hours(24);
+        let (reported, view) = forecasts.apply("ns", "so", lead, 1.0);
+        assert_eq!((reported, view.decided, view.days_learned), (4.0, true, 2));
+        assert_eq!(view.measured, Some(1.0));
+        assert_eq!(forecasts.unavailable("ns", "so", lead).days_learned, 2);
+        forecasts.forget("ns", "so");
+        assert!(forecasts.is_empty());
+    }
+}
