@@ -26,6 +26,7 @@
 //! Decision logic (demand, patches, accounting) is pure and lives apart from transport code.
 
 pub mod admin;
+pub mod capacity;
 pub mod cli;
 pub mod cluster;
 pub mod demand;
