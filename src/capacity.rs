@@ -171,7 +171,10 @@ mod tests {
     fn nothing_is_learned_until_requests_queue() {
         let mut c = learner();
         assert!(!c.observe(2, 0.0, 5000.0, 800.0), "idle queue");
-        assert!(!c.observe(4, 3.0, 5000.0, 800.0), "less than one waiting per pod");
+        assert!(
+            !c.observe(4, 3.0, 5000.0, 800.0),
+            "less than one waiting per pod"
+        );
         assert_eq!(c.per_replica(), None);
         assert_eq!(c.targets(0.6), None);
         assert!(c.observe(2, 2.0, 5000.0, 800.0));

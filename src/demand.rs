@@ -39,15 +39,20 @@ pub enum Signal {
     KvCache,
     /// Generated tokens per second (`rate(vllm:generation_tokens_total)`).
     GenerationTokens,
+    /// Prompt tokens per second (`rate(vllm:prompt_tokens_total)`): the load of prefill-heavy
+    /// services (long prompts, short outputs), where the queue stays empty and few tokens are
+    /// generated until every replica is saturated.
+    PromptTokens,
 }
 
 impl Signal {
     /// Every signal, in reporting order.
-    pub const ALL: [Signal; 4] = [
+    pub const ALL: [Signal; 5] = [
         Signal::Waiting,
         Signal::Running,
         Signal::KvCache,
         Signal::GenerationTokens,
+        Signal::PromptTokens,
     ];
 
     /// The name used in explanations and JSON (`kvCache`).
@@ -57,6 +62,7 @@ impl Signal {
             Signal::Running => "running",
             Signal::KvCache => "kvCache",
             Signal::GenerationTokens => "generationTokens",
+            Signal::PromptTokens => "promptTokens",
         }
     }
 
@@ -67,6 +73,7 @@ impl Signal {
             Signal::Running => "runningTarget",
             Signal::KvCache => "kvCacheTarget",
             Signal::GenerationTokens => "generationTokensTarget",
+            Signal::PromptTokens => "promptTokensTarget",
         }
     }
 
@@ -78,6 +85,7 @@ impl Signal {
             Signal::Running => "running",
             Signal::KvCache => "kv_cache",
             Signal::GenerationTokens => "generation_tokens",
+            Signal::PromptTokens => "prompt_tokens",
         }
     }
 }
@@ -96,6 +104,7 @@ pub struct PerSignal<T> {
     pub running: T,
     pub kv_cache: T,
     pub generation_tokens: T,
+    pub prompt_tokens: T,
 }
 
 impl<T> PerSignal<T> {
@@ -106,6 +115,7 @@ impl<T> PerSignal<T> {
             Signal::Running => &self.running,
             Signal::KvCache => &self.kv_cache,
             Signal::GenerationTokens => &self.generation_tokens,
+            Signal::PromptTokens => &self.prompt_tokens,
         }
     }
 
@@ -116,6 +126,7 @@ impl<T> PerSignal<T> {
             Signal::Running => &mut self.running,
             Signal::KvCache => &mut self.kv_cache,
             Signal::GenerationTokens => &mut self.generation_tokens,
+            Signal::PromptTokens => &mut self.prompt_tokens,
         }
     }
 }
@@ -269,6 +280,7 @@ mod tests {
             running: r,
             kv_cache: kv,
             generation_tokens: tok,
+            prompt_tokens: None,
         }
     }
 

@@ -363,6 +363,7 @@ pub struct NightshiftConfig {
     pub running: Option<f64>,
     pub kv_cache: Option<f64>,
     pub generation_tokens: Option<f64>,
+    pub prompt_tokens: Option<f64>,
     pub source: MetricSource,
     /// Window over which the generated-token counter is turned into a rate.
     pub rate_window_s: f64,
@@ -384,6 +385,7 @@ impl NightshiftConfig {
             running: self.running,
             kv_cache: self.kv_cache,
             generation_tokens: self.generation_tokens,
+            prompt_tokens: self.prompt_tokens,
         }
     }
 }
@@ -400,6 +402,7 @@ impl Default for NightshiftConfig {
             running: None,
             kv_cache: None,
             generation_tokens: Some(425.0),
+            prompt_tokens: None,
             source: MetricSource::Scrape,
             rate_window_s: 30.0,
             headroom_gpus: 0,

@@ -188,6 +188,8 @@ pub struct Replica {
     reserved: f64,
     /// Output tokens produced so far (vLLM's `generation_tokens_total`).
     pub generated_total: f64,
+    /// Prompt tokens prefilled so far (vLLM's `prompt_tokens_total`).
+    pub prompt_total: f64,
     /// Since the batch last changed (none: it just did).
     segment: Option<Segment>,
     /// Its next own event and [`Replica::open_at`] as last computed; both hold until the batch
@@ -362,6 +364,7 @@ impl Replica {
             self.v += steps;
             self.generated_total += n * steps;
             let mut tokens = seg.pace.prefill * steps;
+            self.prompt_total += tokens.min(self.prefill_remaining);
             self.prefill_remaining = (self.prefill_remaining - tokens).max(0.0);
             while let Some(p) = self.prefilling.front_mut() {
                 if p.remaining > tokens + EPS {

@@ -169,6 +169,7 @@ pub fn simulate(scenario: &Scenario, trace: &Trace) -> Result<Report, SimError> 
             running: Some(0.0),
             kv_cache: Some(0.0),
             generation_tokens: Some(0.0),
+            prompt_tokens: Some(0.0),
         },
     };
     demand::compute(&probe, &scenario.policies.nightshift.targets()).map_err(SimError::Targets)?;

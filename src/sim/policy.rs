@@ -229,6 +229,7 @@ mod tests {
                 running: Some(120.0),
                 kv_cache: Some(1.2),
                 generation_tokens: Some(1500.0),
+                prompt_tokens: Some(6000.0),
             },
         };
         let (decision, value) = nightshift_metric(&totals, &targets).expect("valid");

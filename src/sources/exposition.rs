@@ -19,6 +19,8 @@ pub const KV_CACHE: &str = "vllm:kv_cache_usage_perc";
 pub const KV_CACHE_OLD: &str = "vllm:gpu_cache_usage_perc";
 /// Generated tokens (counter, exposed with `_total`).
 pub const GENERATION_TOKENS: &str = "vllm:generation_tokens_total";
+/// Prompt tokens processed (counter, exposed with `_total`).
+pub const PROMPT_TOKENS: &str = "vllm:prompt_tokens_total";
 
 /// Label naming the served model.
 pub const MODEL_LABEL: &str = "model_name";

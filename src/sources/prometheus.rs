@@ -18,7 +18,9 @@ use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
 use super::{
     FamilyIndex, ModelKey, SourceError,
     cache::Coalescer,
-    exposition::{GENERATION_TOKENS, KV_CACHE, KV_CACHE_OLD, MODEL_LABEL, RUNNING, WAITING},
+    exposition::{
+        GENERATION_TOKENS, KV_CACHE, KV_CACHE_OLD, MODEL_LABEL, PROMPT_TOKENS, RUNNING, WAITING,
+    },
     idle::{IDLE, IdleMap},
 };
 use crate::{demand::Signal, sources::metrics::SourceMetrics};
@@ -95,6 +97,10 @@ pub fn family_query(signal: Signal, labels: &Labels, rate_window: &str) -> Strin
         Signal::GenerationTokens => format!(
             "sum by ({by}) (rate({}[{rate_window}]))",
             selector(GENERATION_TOKENS, m)
+        ),
+        Signal::PromptTokens => format!(
+            "sum by ({by}) (rate({}[{rate_window}]))",
+            selector(PROMPT_TOKENS, m)
         ),
     }
 }

@@ -283,6 +283,7 @@ fn summarise(
             running: FamilyIndex::from_pod_values(running),
             kv_cache: FamilyIndex::from_pod_values(kv),
             generation_tokens: FamilyIndex::from_pod_values(token_rates),
+            prompt_tokens: FamilyIndex::default(),
         },
         pods: pods.len(),
         rates_warming_up,

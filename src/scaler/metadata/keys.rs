@@ -199,6 +199,12 @@ pub const KEYS: &[Key] = &[
         "generated tokens/s per replica",
     ),
     key(
+        "promptTokensTarget",
+        All,
+        Unset,
+        "prompt tokens/s per replica",
+    ),
+    key(
         "query",
         Prometheus,
         Unset,
