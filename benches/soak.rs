@@ -263,7 +263,7 @@ async fn webhook(secs: u64, every: u64, rate: f64, warm_up: usize) {
 
 async fn scaler(secs: u64, every: u64, warm_up: usize) {
     let prom = fake_prometheus().await;
-    let (server, channel) = start_scaler(prom, &[]).await;
+    let (server, channel) = start_scaler(prom, &[], None).await;
     let proc = Path::new("/proc").join(server.id().to_string());
     let client = ExternalScalerClient::new(channel);
     println!(
