@@ -16,6 +16,11 @@
 //! `NIGHTSHIFT_BENCH_ROUNDS` (default 1) repeats phase 1. Under `cargo test` (no `--bench`
 //! argument) it only checks that a few reviews succeed.
 
+/// The allocator the `nightshift` binary ships with (`src/main.rs`), so that the in-process
+/// server is measured as it runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[path = "support/cpu_time.rs"]
 mod cpu_time;
 #[path = "support/localhost_cert.rs"]
@@ -387,7 +392,12 @@ fn generator(args: &[String]) {
         let clients: Vec<reqwest::Client> = (0..CONNECTIONS).map(|_| client(&ca)).collect();
         // Connect (TLS handshake) every connection before the measured interval.
         for c in &clients {
-            let r = c.post(url).body(body.clone()).send().await.expect("warm-up");
+            let r = c
+                .post(url)
+                .body(body.clone())
+                .send()
+                .await
+                .expect("warm-up");
             let _ = r.bytes().await;
         }
         println!("ready");
