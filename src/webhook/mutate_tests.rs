@@ -1233,7 +1233,27 @@ proptest! {
         (ns, mut doc) in arb_case(),
         (volumes, mounts, env, second_mounts) in arb_lists(),
         second in any::<bool>(),
+        meta in 0..4u8,
     ) {
+        match meta {
+            // Annotations, the mirror-pod one among them, and a large one the decision skips.
+            1 => doc["metadata"]["annotations"] = json!({
+                "kubectl.kubernetes.io/last-applied-configuration": "{\"spec\": {}}".repeat(50),
+                MIRROR_POD_ANNOTATION: "x",
+                "team": "a\u{e9}\n",
+            }),
+            // What the API server fills in before admission.
+            2 => {
+                doc["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "Node",
+                    "name": "n", "uid": "u", "controller": true}]);
+                doc["metadata"]["managedFields"] = json!([{"manager": "kubectl", "operation": "Update",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {".": {}}}}}]);
+                doc["metadata"]["uid"] = json!("0c9a8d74");
+                doc["metadata"]["annotations"] = json!({"team": "x"});
+            }
+            3 => doc["metadata"]["annotations"] = Value::Null,
+            _ => {}
+        }
         if !volumes.is_null() {
             doc["spec"]["volumes"] = volumes;
         }
@@ -1288,7 +1308,12 @@ fn trimmed_lists_read_escapes_nulls_and_refuse_what_the_whole_pod_refuses() {
     )
     .expect("reads");
     let spec = pod.spec.expect("spec");
-    let volumes: Vec<String> = spec.volumes.iter().flatten().map(|v| v.name.clone()).collect();
+    let volumes: Vec<String> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.clone())
+        .collect();
     assert_eq!(volumes, ["nightshift-notice"]);
     let c = &spec.containers[0];
     let mounts = c.volume_mounts.clone().expect("mounts");
@@ -1315,6 +1340,23 @@ fn trimmed_lists_read_escapes_nulls_and_refuse_what_the_whole_pod_refuses() {
     assert_eq!(spec.containers[0].env, None);
 
     // What the whole pod's decode refuses, the trimmed one refuses too.
+    let meta = |m: &str| serde_json::from_str::<AdmittedPod>(&format!(r#"{{"metadata": {m}}}"#));
+    for bad in [
+        r#"{"annotations": {"a": 1}}"#,
+        r#"{"annotations": []}"#,
+        r#"{"labels": {"a": null}}"#,
+    ] {
+        let whole = serde_json::from_str::<Pod>(&format!(r#"{{"metadata": {bad}}}"#));
+        assert!(whole.is_err(), "the whole pod reads {bad}");
+        assert!(meta(bad).is_err(), "the trimmed pod reads {bad}");
+    }
+    let mirror = meta(r#"{"annotations": {"kubernetes.io\/config.mirror": "m", "b": "c"}}"#)
+        .expect("reads")
+        .into_pod();
+    assert_eq!(
+        mirror.metadata.annotations,
+        Some([(MIRROR_POD_ANNOTATION.to_string(), "m".to_string())].into())
+    );
     for bad in [
         r#"{"volumes": {"name": "x"}, "containers": []}"#,
         r#"{"volumes": [1], "containers": []}"#,

@@ -1,11 +1,13 @@
 //! The part of a Pod that admission reads, decoded straight from the review's JSON.
 //!
 //! A pod in a review is mostly containers' images, commands, environment, volume mounts and
-//! probes, none of which the decision reads. Decoding all of it into `k8s_openapi` types costs
-//! far more than the decision itself, so the review is decoded into [`AdmittedPod`]: the
-//! metadata plus the spec fields [`super::mutate::mutate`] reads (node name, priority triple,
-//! affinity, tolerations, grace period, scheduler name, volumes, and each container's name,
-//! resources, mounts and environment variables). Every other field is skipped by the JSON parser
+//! probes, and metadata such as managed fields and the last applied configuration, none of which
+//! the decision reads. Decoding all of it into `k8s_openapi` types costs far more than the
+//! decision itself, so the review is decoded into [`AdmittedPod`]: the metadata the decision reads
+//! (name, namespace, labels, the mirror-pod annotation) plus the spec fields
+//! [`super::mutate::mutate`] reads (node name, priority triple, affinity, tolerations, grace
+//! period, scheduler name, volumes, and each container's name, resources, mounts and environment
+//! variables). Every other field is skipped by the JSON parser
 //! without being built. [`AdmittedPod::into_pod`] gives the `Pod` that `mutate` takes; property
 //! tests check that it decides exactly as on the whole pod.
 //!
@@ -16,7 +18,7 @@
 //! from the body, and dropped without an allocation. A list that is present stays present (maybe
 //! empty), so the patch still appends to it rather than creating it.
 
-use std::borrow::Cow;
+use std::{borrow::Cow, collections::BTreeMap};
 
 use k8s_openapi::{
     api::core::v1::{
@@ -28,15 +30,84 @@ use k8s_openapi::{
 use kube::core::{NamespaceResourceScope, Resource};
 use serde::{Deserialize, Deserializer};
 
+use super::mutate::MIRROR_POD_ANNOTATION;
 use crate::vocabulary::{NOTICE_FILE_ENV, NOTICE_MOUNT_PATH, NOTICE_VOLUME};
 
-/// A Pod as admission reads it: metadata in full, the spec trimmed to what decisions use.
+/// A Pod as admission reads it: the metadata and the spec trimmed to what decisions use.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct AdmittedPod {
-    #[serde(default)]
+    /// Name, generated name, namespace, labels, and of the annotations only the mirror-pod one
+    /// ([`AdmittedMeta`]).
+    #[serde(default, deserialize_with = "admitted_meta")]
     pub metadata: ObjectMeta,
     #[serde(default)]
     pub spec: Option<AdmittedSpec>,
+}
+
+/// The metadata fields decisions read. Everything else (owner references, managed fields, which
+/// the API server fills in before admission, timestamps) is skipped; of the annotations, often
+/// kilobytes of `last-applied-configuration`, only [`MIRROR_POD_ANNOTATION`] is kept, the only
+/// one the decision asks for, and the others are read in place.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AdmittedMeta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    generate_name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default, deserialize_with = "mirror_annotation")]
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+fn admitted_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let m = AdmittedMeta::deserialize(d)?;
+    Ok(ObjectMeta {
+        name: m.name,
+        generate_name: m.generate_name,
+        namespace: m.namespace,
+        labels: m.labels,
+        annotations: m.annotations,
+        ..ObjectMeta::default()
+    })
+}
+
+/// The annotations, keeping only [`MIRROR_POD_ANNOTATION`]; `null` reads as absent. Values are
+/// still read as strings, so what the whole pod's decode refuses is refused here too.
+fn mirror_annotation<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    use serde::de::{MapAccess, Visitor};
+
+    struct Annotations;
+    impl<'de> Visitor<'de> for Annotations {
+        type Value = Option<BTreeMap<String, String>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a map of strings")
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D2: Deserializer<'de>>(self, d: D2) -> Result<Self::Value, D2::Error> {
+            d.deserialize_map(self)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut kept = BTreeMap::new();
+            while let Some((key, value)) = map.next_entry::<Cow<'de, str>, Cow<'de, str>>()? {
+                if key == MIRROR_POD_ANNOTATION {
+                    kept.insert(key.into_owned(), value.into_owned());
+                }
+            }
+            Ok(Some(kept))
+        }
+    }
+    d.deserialize_option(Annotations)
 }
 
 /// The spec fields that decide and shape the mutation.
