@@ -8,12 +8,19 @@
 //! - the same for the stock `grpc.health.v1` `Check` on the same server and connection: the
 //!   gRPC transport's floor on this machine, so that the scaler's own share shows;
 //! - upstream queries per polling round with 1,000 ScaledObjects, and RSS after that load.
+//!
+//! The server runs on cores apart from this process (the clients and the Prometheus stand-in)
+//! when the machine has two or more ([`pinning`]); each latency line reports the server's CPU per
+//! call, and a ratio line compares `GetMetrics` with the health floor measured in the same run.
 
 #[path = "support/cpu_time.rs"]
 mod cpu_time;
+#[path = "support/pinning.rs"]
+mod pinning;
 #[path = "support/scaler_load.rs"]
 mod scaler_load;
 
+use pinning::Pinning;
 use scaler_load::{ScalerProcess, request, start_scaler};
 use std::{
     collections::HashMap,
@@ -58,8 +65,12 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-async fn start_server(ttl: &str, prom: SocketAddr) -> (ScalerProcess, Channel) {
-    start_scaler(prom, &["--scaler-cache-ttl", ttl]).await
+async fn start_server(
+    ttl: &str,
+    prom: SocketAddr,
+    cores: Option<&str>,
+) -> (ScalerProcess, Channel) {
+    start_scaler(prom, &["--scaler-cache-ttl", ttl], cores).await
 }
 
 async fn fake_prometheus(queries: Arc<AtomicUsize>) -> SocketAddr {
@@ -115,7 +126,20 @@ impl Rpc {
     }
 }
 
-async fn latency(server: &ScalerProcess, channel: &Channel, rpc: Rpc, concurrency: usize) {
+/// What one latency run measured.
+struct Latency {
+    p50: Duration,
+    p99: Duration,
+    /// Server CPU seconds per call.
+    cpu_per_call: f64,
+}
+
+async fn latency(
+    server: &ScalerProcess,
+    channel: &Channel,
+    rpc: Rpc,
+    concurrency: usize,
+) -> Latency {
     let label = match rpc {
         Rpc::GetMetrics(_) => "cached GetMetrics",
         Rpc::HealthCheck => "health Check (transport floor)",
@@ -150,15 +174,22 @@ async fn latency(server: &ScalerProcess, channel: &Channel, rpc: Rpc, concurrenc
         all.len(),
         cpu / all.len() as f64 * 1e6,
     );
+    Latency {
+        p50: percentile(&all, 0.50),
+        p99: percentile(&all, 0.99),
+        cpu_per_call: cpu / all.len() as f64,
+    }
 }
 
-async fn run() {
+async fn run(pinning: Pinning) {
     nightshift::install_crypto_provider();
+    println!("{}", pinning.describe());
+    let server_cores = pinning.server.as_deref();
     let queries = Arc::new(AtomicUsize::new(0));
     let prom = fake_prometheus(queries.clone()).await;
 
     // Latency with a cache that never expires during the run.
-    let (server, channel) = start_server("1h", prom).await;
+    let (server, channel) = start_server("1h", prom, server_cores).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     println!("idle RSS: {:.1} MiB", rss_kib(server.id()) as f64 / 1024.0);
     for i in 0..64 {
@@ -168,8 +199,19 @@ async fn run() {
             .expect("warm");
     }
     for concurrency in [1, 64] {
-        latency(&server, &channel, Rpc::GetMetrics(prom), concurrency).await;
-        latency(&server, &channel, Rpc::HealthCheck, concurrency).await;
+        // Twice each, alternating, so that a passing disturbance shows as a gap between rounds.
+        for round in 1..=2 {
+            let real = latency(&server, &channel, Rpc::GetMetrics(prom), concurrency).await;
+            let floor = latency(&server, &channel, Rpc::HealthCheck, concurrency).await;
+            println!(
+                "  ratios, {concurrency} client(s), round {round}: p50 {:.2}×, p99 {:.2}× (target ≤ 1.25×); CPU per call {:.0} µs vs floor {:.0} µs = floor + {:.0} µs (target ≤ + 10 µs)",
+                real.p50.as_secs_f64() / floor.p50.as_secs_f64(),
+                real.p99.as_secs_f64() / floor.p99.as_secs_f64(),
+                real.cpu_per_call * 1e6,
+                floor.cpu_per_call * 1e6,
+                (real.cpu_per_call - floor.cpu_per_call) * 1e6,
+            );
+        }
     }
     println!(
         "RSS after latency runs: {:.1} MiB",
@@ -179,7 +221,7 @@ async fn run() {
 
     // 1,000 ScaledObjects, each polling GetMetrics then IsActive like KEDA, for 3 rounds
     // spaced by the default 1 s cache TTL.
-    let (server, channel) = start_server("1s", prom).await;
+    let (server, channel) = start_server("1s", prom, server_cores).await;
     let client = ExternalScalerClient::new(channel);
     let rounds = 3;
     queries.store(0, Ordering::SeqCst);
@@ -219,11 +261,15 @@ fn main() {
         println!("scaler benchmark: run it with `cargo bench --bench scaler`");
         return;
     }
+    let pinning = Pinning::split();
+    // Before any thread starts: this process (clients, Prometheus stand-in) keeps to the
+    // generator's cores; the scaler is started on the server's.
+    Pinning::pin_self(pinning.generator.as_deref());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    runtime.block_on(run());
+    runtime.block_on(run(pinning));
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

@@ -13,6 +13,11 @@
 //! to the last, and from the end of warm-up (`NIGHTSHIFT_SOAK_WARMUP_REPORTS`, default the first
 //! 2 reports) to the last. `NIGHTSHIFT_SOAK_PHASES` (default `webhook,scaler`) runs only some.
 
+/// The allocator the `nightshift` binary ships with (`src/main.rs`), so that the in-process
+/// server is measured as it runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[path = "support/localhost_cert.rs"]
 mod localhost_cert;
 #[path = "support/pod.rs"]
@@ -263,7 +268,7 @@ async fn webhook(secs: u64, every: u64, rate: f64, warm_up: usize) {
 
 async fn scaler(secs: u64, every: u64, warm_up: usize) {
     let prom = fake_prometheus().await;
-    let (server, channel) = start_scaler(prom, &[]).await;
+    let (server, channel) = start_scaler(prom, &[], None).await;
     let proc = Path::new("/proc").join(server.id().to_string());
     let client = ExternalScalerClient::new(channel);
     println!(

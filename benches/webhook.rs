@@ -3,6 +3,11 @@
 //!
 //! `cargo bench --bench webhook -- --warm-up-time 1 --measurement-time 3`
 
+/// The allocator the `nightshift` binary ships with (`src/main.rs`), so that the review is
+/// measured as it runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[path = "support/pod.rs"]
 mod pod;
 

@@ -1,29 +1,42 @@
-//! HTTPS load on the webhook over loopback with keep-alive connections.
+//! HTTPS load on the webhook over loopback with keep-alive connections, beside its transport floor.
 //!
-//! `cargo bench --bench webhook_load` starts the webhook in-process, on a runtime of its own, on a
-//! free port with a fixed cluster view and a realistic 10 KB research pod, then:
-//! 1. sends a fixed rate (`NIGHTSHIFT_BENCH_RATE`, default 2000 reviews/s) over 100 keep-alive
-//!    connections for `NIGHTSHIFT_BENCH_SECS` (default 10) seconds and reports p50/p99/max and the
-//!    CPU the server's threads used;
-//! 2. sends the same load to the same HTTPS server code (same TLS, same HTTP stack, same runtime)
-//!    whose `/mutate` only reads the body and answers a fixed small JSON: the transport floor of
-//!    this machine and generator, so that the review's own share of the latency shows;
-//! 3. if `wrk` is installed, saturates the webhook with `wrk -t2 -c100 --latency` to find the
-//!    maximum sustained reviews/s.
+//! `cargo bench --bench webhook_load` starts two HTTPS servers in this process, each on a runtime
+//! of its own, on free loopback ports: the webhook (fixed cluster view, realistic 10 KB research
+//! pod) and the transport floor (the same server code, TLS configuration, HTTP stack and runtime,
+//! whose `/mutate` only reads the body and answers a fixed small JSON). The load generator runs in
+//! a process of its own (this executable with `--generator`), pinned to cores apart from the
+//! servers' ([`pinning`]). Then:
+//! 1. a fixed rate (`NIGHTSHIFT_BENCH_RATE`, default 2000 reviews/s) over 100 keep-alive
+//!    connections for `NIGHTSHIFT_BENCH_SECS` (default 10) seconds, on the webhook and then on the
+//!    floor, each reported with p50/p90/p99/max and the server threads' CPU per request;
+//! 2. if `wrk` is installed, saturation of each with `wrk -c100 --latency` (pinned like the
+//!    generator) for the maximum sustained rate and the server's CPU per request there;
+//! 3. the ratios of webhook to floor, measured in this one run.
 //!
-//! Under `cargo test` (no `--bench` argument) it only checks that a few reviews succeed.
+//! `NIGHTSHIFT_BENCH_ROUNDS` (default 1) repeats phase 1. Under `cargo test` (no `--bench`
+//! argument) it only checks that a few reviews succeed.
+
+/// The allocator the `nightshift` binary ships with (`src/main.rs`), so that the in-process
+/// server is measured as it runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[path = "support/cpu_time.rs"]
 mod cpu_time;
 #[path = "support/localhost_cert.rs"]
 mod localhost_cert;
+#[path = "support/pinning.rs"]
+mod pinning;
 #[path = "support/pod.rs"]
 mod pod;
 #[path = "support/stats.rs"]
 mod stats;
 
+use pinning::Pinning;
 use stats::{env_or, percentile};
 use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -37,13 +50,29 @@ use nightshift::webhook::{
 };
 use tokio_util::sync::CancellationToken;
 
-/// Connections used by both load phases (the target scenario: 100 concurrent clients).
+/// Connections used by every load phase (the target scenario: 100 concurrent clients).
 const CONNECTIONS: usize = 100;
 
-#[tokio::main]
-async fn main() {
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--generator") {
+        generator(&args[at + 1..]);
+        return;
+    }
+    let full = args.iter().any(|a| a == "--bench");
+    let pinning = if full {
+        Pinning::split()
+    } else {
+        Pinning {
+            server: None,
+            generator: None,
+            server_cores: 1,
+            generator_cores: 1,
+        }
+    };
+    // Before any thread starts: every thread of this process inherits the server's cores.
+    Pinning::pin_self(pinning.server.as_deref());
     nightshift::install_crypto_provider();
-    let full = std::env::args().any(|a| a == "--bench");
     let dir = tempfile::tempdir().expect("tempdir");
     let (_, tls) = localhost_cert::generate(dir.path());
     let reviewer = Reviewer {
@@ -56,50 +85,62 @@ async fn main() {
         metrics: Metrics::default(),
     };
     let router = server::router(reviewer, 3 << 20, nightshift::admin::Readiness::default());
-    let webhook = Server::start(router, tls.clone());
-    let url = webhook.url.clone();
+    let webhook = Server::start(router, tls.clone(), pinning.server_cores);
     let body = serde_json::to_vec(&pod::admission_review(pod::realistic_pod())).expect("body");
-    let ca = std::fs::read(dir.path().join(certs::CA_CERT)).expect("ca");
-    let client = || {
-        reqwest::Client::builder()
-            .tls_certs_only([reqwest::Certificate::from_pem(&ca).expect("ca")])
-            .http1_only()
-            .pool_max_idle_per_host(1)
-            .build()
-            .expect("client")
-    };
+    let ca = dir.path().join(certs::CA_CERT);
+    let body_file = dir.path().join("review.json");
+    std::fs::write(&body_file, &body).expect("body file");
 
     if !full {
-        let c = client();
-        for _ in 0..5 {
-            let r = c.post(&url).body(body.clone()).send().await.expect("send");
-            assert!(r.status().is_success());
-        }
-        webhook.stop().await;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let c = client(&std::fs::read(&ca).expect("ca"));
+            for _ in 0..5 {
+                let r = c
+                    .post(&webhook.url)
+                    .body(body.clone())
+                    .send()
+                    .await
+                    .expect("send");
+                assert!(r.status().is_success());
+            }
+        });
+        webhook.stop();
         return;
     }
 
-    eprintln!("review body: {} bytes", body.len());
+    let floor = Server::start(transport_floor_router(), tls, pinning.server_cores);
     let rate: f64 = env_or("NIGHTSHIFT_BENCH_RATE", 2000.0);
     let secs: u64 = env_or("NIGHTSHIFT_BENCH_SECS", 10);
+    let rounds: usize = env_or("NIGHTSHIFT_BENCH_ROUNDS", 1);
+    println!("{}", pinning.describe());
+    println!(
+        "review body: {} bytes; server runtime: {} worker thread(s)",
+        body.len(),
+        pinning.server_cores
+    );
     let load = FixedRate {
         rate,
         secs,
-        body: body.clone(),
-        client: &client,
+        ca: &ca,
+        body: &body_file,
+        pinning: &pinning,
     };
-    let reviews = load.run(&url).await;
-    println!(
-        "fixed rate {rate:.0}/s target, {CONNECTIONS} keep-alive connections, {secs} s: {reviews}"
-    );
-    let floor = Server::start(transport_floor_router(), tls);
-    let floor_summary = load.run(&floor.url).await;
-    println!(
-        "same load, same HTTPS server, /mutate answering a fixed body without a review (transport floor): {floor_summary}"
-    );
-    floor.stop().await;
+    let mut pairs = Vec::new();
+    for _ in 0..rounds {
+        let review = load.run(&webhook.url);
+        println!(
+            "webhook, fixed {rate:.0}/s, {CONNECTIONS} keep-alive connections, {secs} s: {review}"
+        );
+        let floor_run = load.run(&floor.url);
+        println!("floor (same HTTPS server, no review), same load: {floor_run}");
+        pairs.push((review, floor_run));
+    }
 
-    match which_wrk() {
+    let saturation = match which("wrk") {
         Some(wrk) => {
             let script = dir.path().join("review.lua");
             let body_str = String::from_utf8(body.clone()).expect("utf8");
@@ -110,40 +151,61 @@ async fn main() {
                 ),
             )
             .expect("script");
-            let out = tokio::process::Command::new(wrk)
-                .args([
-                    "-t2",
-                    &format!("-c{CONNECTIONS}"),
-                    &format!("-d{secs}s"),
-                    "--latency",
-                    "-s",
-                ])
-                .arg(&script)
-                .arg(&url)
-                .kill_on_drop(true)
-                .output()
-                .await
-                .expect("run wrk");
-            println!(
-                "wrk (saturation, {CONNECTIONS} keep-alive connections):\n{}",
-                String::from_utf8_lossy(&out.stdout)
-            );
+            let saturate = |url: &str| Saturation::run(&wrk, &script, url, secs, &pinning);
+            let review = saturate(&webhook.url);
+            println!("webhook, saturation (wrk, {CONNECTIONS} connections): {review}");
+            let floor_sat = saturate(&floor.url);
+            println!("floor, saturation (wrk, {CONNECTIONS} connections): {floor_sat}");
+            Some((review, floor_sat))
         }
-        None => println!("wrk not installed: skipping the saturation phase (apt-get install wrk)"),
+        None => {
+            println!("wrk not installed: skipping the saturation phase (apt-get install wrk)");
+            None
+        }
+    };
+
+    for (i, (review, floor_run)) in pairs.iter().enumerate() {
+        println!(
+            "ratios, round {}: p50 {:.2}×, p99 {:.2}× (target ≤ 2×); CPU per request {:.0} µs vs floor {:.0} µs = {:.2}× (target ≤ 100 µs)",
+            i + 1,
+            review.p50.as_secs_f64() / floor_run.p50.as_secs_f64().max(1e-9),
+            review.p99.as_secs_f64() / floor_run.p99.as_secs_f64().max(1e-9),
+            review.cpu_per_request * 1e6,
+            floor_run.cpu_per_request * 1e6,
+            review.cpu_per_request / floor_run.cpu_per_request.max(1e-9),
+        );
     }
-    webhook.stop().await;
+    if let Some((review, floor_sat)) = saturation {
+        println!(
+            "ratio, saturation: {:.0}/s vs floor {:.0}/s = {:.0} % (target ≥ 50 %)",
+            review.rate,
+            floor_sat.rate,
+            review.rate / floor_sat.rate.max(1e-9) * 100.0
+        );
+    }
+    floor.stop();
+    webhook.stop();
 }
 
-fn which_wrk() -> Option<std::path::PathBuf> {
+fn which(program: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
-            .map(|p| p.join("wrk"))
+            .map(|p| p.join(program))
             .find(|p| p.is_file())
     })
 }
 
-/// The webhook's HTTPS server on a runtime of its own, as it has its own process in a cluster:
-/// the load generator's tasks must not queue on the server's workers and count as latency.
+/// The client of one generator connection: HTTP/1.1 keep-alive, trusting the bench CA.
+fn client(ca: &[u8]) -> reqwest::Client {
+    reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(ca).expect("ca")])
+        .http1_only()
+        .pool_max_idle_per_host(1)
+        .build()
+        .expect("client")
+}
+
+/// The webhook's HTTPS server on a runtime of its own, as it has its own process in a cluster.
 struct Server {
     url: String,
     runtime: tokio::runtime::Runtime,
@@ -151,12 +213,13 @@ struct Server {
     shutdown: CancellationToken,
 }
 
-/// Name of the server runtime's threads, by which their CPU time is found in `/proc`.
+/// Name of the server runtimes' threads, by which their CPU time is found in `/proc`.
 const SERVER_THREAD: &str = "webhook-bench";
 
 impl Server {
-    fn start(router: axum::Router, tls: Arc<nightshift::tls::ServerTls>) -> Self {
+    fn start(router: axum::Router, tls: Arc<nightshift::tls::ServerTls>, workers: usize) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers.max(1))
             .enable_all()
             .thread_name(SERVER_THREAD)
             .build()
@@ -180,9 +243,9 @@ impl Server {
         }
     }
 
-    async fn stop(self) {
+    fn stop(self) {
         self.shutdown.cancel();
-        let _ = self.task.await;
+        let _ = self.runtime.block_on(self.task);
         self.runtime.shutdown_background();
     }
 }
@@ -215,22 +278,137 @@ fn server_cpu_seconds() -> f64 {
         .sum()
 }
 
-/// A fixed request rate spread over `CONNECTIONS` keep-alive connections.
-struct FixedRate<'a, C: Fn() -> reqwest::Client> {
+/// A fixed request rate spread over `CONNECTIONS` keep-alive connections, sent by a generator
+/// process on the generator's cores.
+struct FixedRate<'a> {
     rate: f64,
     secs: u64,
-    body: Vec<u8>,
-    client: &'a C,
+    ca: &'a Path,
+    body: &'a Path,
+    pinning: &'a Pinning,
 }
 
-impl<C: Fn() -> reqwest::Client> FixedRate<'_, C> {
-    /// Runs the load against `url` and summarises latency, errors and the server's CPU use.
-    async fn run(&self, url: &str) -> String {
-        let per_conn = Duration::from_secs_f64(CONNECTIONS as f64 / self.rate);
-        let deadline = Instant::now() + Duration::from_secs(self.secs);
+/// What one fixed-rate run measured.
+struct Summary {
+    requests: u64,
+    errors: u64,
+    achieved: f64,
+    p50: Duration,
+    p90: Duration,
+    p99: Duration,
+    max: Duration,
+    /// Server threads' CPU seconds per answered request.
+    cpu_per_request: f64,
+    /// Server threads' CPU as a share of one core.
+    cpu_share: f64,
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} requests ({:.0}/s achieved), errors {}, p50 {:?}, p90 {:?}, p99 {:?}, max {:?}; server threads {:.0} % of one core ({:.0} µs CPU per request)",
+            self.requests,
+            self.achieved,
+            self.errors,
+            self.p50,
+            self.p90,
+            self.p99,
+            self.max,
+            self.cpu_share * 100.0,
+            self.cpu_per_request * 1e6,
+        )
+    }
+}
+
+impl FixedRate<'_> {
+    /// Runs the load against `url` in a generator process and summarises latency, errors and
+    /// the server's CPU use over the same interval.
+    fn run(&self, url: &str) -> Summary {
+        let exe = std::env::current_exe().expect("own executable");
+        let mut child = Pinning::command(self.pinning.generator.as_deref(), exe)
+            .arg("--generator")
+            .arg(url)
+            .arg(self.ca)
+            .arg(self.body)
+            .arg(self.rate.to_string())
+            .arg(self.secs.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the load generator");
+        // The generator connects, then prints `ready` and waits for a line on its stdin: the
+        // server's CPU is counted from the first request on, not during the handshakes.
+        use std::io::{BufRead, Write};
+        let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let ready = lines.next().and_then(Result::ok).unwrap_or_default();
+        assert_eq!(ready, "ready", "the generator did not start");
+        let cpu_before = server_cpu_seconds();
+        let started = Instant::now();
+        let mut stdin = child.stdin.take().expect("stdin");
+        writeln!(stdin, "go").expect("start the generator");
+        let result = lines.next().and_then(Result::ok).unwrap_or_default();
+        let elapsed = started.elapsed().as_secs_f64();
+        let cpu = server_cpu_seconds() - cpu_before;
+        let _ = child.wait();
+        let f: Vec<f64> = result
+            .split_whitespace()
+            .map(|v| v.parse().expect("generator figure"))
+            .collect();
+        let [requests, errors, achieved, p50, p90, p99, max] = f[..] else {
+            panic!("unexpected generator output {result:?}");
+        };
+        let us = |v: f64| Duration::from_secs_f64(v / 1e6);
+        Summary {
+            requests: requests as u64,
+            errors: errors as u64,
+            achieved,
+            p50: us(p50),
+            p90: us(p90),
+            p99: us(p99),
+            max: us(max),
+            cpu_per_request: cpu / requests.max(1.0),
+            cpu_share: cpu / elapsed,
+        }
+    }
+}
+
+/// The generator process: `--generator URL CA BODY RATE SECS`. Opens `CONNECTIONS` keep-alive
+/// connections, prints `ready`, waits for a line on stdin, sends `RATE` requests/s in total for
+/// `SECS` s, then prints `requests errors achieved/s p50 p90 p99 max` (latencies in µs).
+fn generator(args: &[String]) {
+    let [url, ca, body, rate, secs] = args else {
+        panic!("usage: --generator URL CA BODY RATE SECS");
+    };
+    let ca = std::fs::read(ca).expect("ca");
+    let body = axum::body::Bytes::from(std::fs::read(body).expect("body"));
+    let rate: f64 = rate.parse().expect("rate");
+    let secs: u64 = secs.parse().expect("secs");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("generator runtime");
+    runtime.block_on(async move {
+        let clients: Vec<reqwest::Client> = (0..CONNECTIONS).map(|_| client(&ca)).collect();
+        // Connect (TLS handshake) every connection before the measured interval.
+        for c in &clients {
+            let r = c
+                .post(url)
+                .body(body.clone())
+                .send()
+                .await
+                .expect("warm-up");
+            let _ = r.bytes().await;
+        }
+        println!("ready");
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+        let per_conn = Duration::from_secs_f64(CONNECTIONS as f64 / rate);
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(secs);
         let mut tasks = Vec::new();
-        for i in 0..CONNECTIONS {
-            let (c, url, body) = ((self.client)(), url.to_string(), self.body.clone());
+        for (i, c) in clients.into_iter().enumerate() {
+            let (url, body) = (url.clone(), body.clone());
             tasks.push(tokio::spawn(async move {
                 // Spread the connections' ticks over one period.
                 tokio::time::sleep(per_conn.mul_f64(i as f64 / CONNECTIONS as f64)).await;
@@ -251,27 +429,91 @@ impl<C: Fn() -> reqwest::Client> FixedRate<'_, C> {
                 (lat, errors)
             }));
         }
-        let cpu_before = server_cpu_seconds();
-        let started = Instant::now();
-        let (mut all, mut errors) = (Vec::new(), 0);
+        let (mut all, mut errors) = (Vec::new(), 0u64);
         for t in tasks {
             let (lat, e) = t.await.expect("task");
             all.extend(lat);
             errors += e;
         }
         let elapsed = started.elapsed().as_secs_f64();
-        let cpu = server_cpu_seconds() - cpu_before;
         all.sort();
-        format!(
-            "{} requests ({:.0}/s achieved), errors {errors}, p50 {:?}, p90 {:?}, p99 {:?}, max {:?}; server threads {:.0} % of one core ({:.0} µs CPU per request)",
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        println!(
+            "{} {errors} {:.1} {:.1} {:.1} {:.1} {:.1}",
             all.len(),
             all.len() as f64 / elapsed,
-            percentile(&all, 0.50),
-            percentile(&all, 0.90),
-            percentile(&all, 0.99),
-            all.last().copied().unwrap_or_default(),
-            cpu / elapsed * 100.0,
-            cpu / all.len().max(1) as f64 * 1e6,
+            us(percentile(&all, 0.50)),
+            us(percentile(&all, 0.90)),
+            us(percentile(&all, 0.99)),
+            us(all.last().copied().unwrap_or_default()),
+        );
+    });
+}
+
+/// What `wrk` measured at saturation, with the server's CPU over the same interval.
+struct Saturation {
+    rate: f64,
+    p50: String,
+    p99: String,
+    cpu_per_request: f64,
+    cpu_share: f64,
+}
+
+impl std::fmt::Display for Saturation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.0} requests/s, p50 {}, p99 {}; server threads {:.0} % of one core ({:.0} µs CPU per request)",
+            self.rate,
+            self.p50,
+            self.p99,
+            self.cpu_share * 100.0,
+            self.cpu_per_request * 1e6
         )
+    }
+}
+
+impl Saturation {
+    /// `wrk` with one thread per generator core and `CONNECTIONS` connections on `url`.
+    fn run(wrk: &Path, script: &Path, url: &str, secs: u64, pinning: &Pinning) -> Self {
+        let cpu_before = server_cpu_seconds();
+        let started = Instant::now();
+        let out = Pinning::command(pinning.generator.as_deref(), wrk)
+            .args([
+                &format!("-t{}", pinning.generator_cores.max(1)),
+                &format!("-c{CONNECTIONS}"),
+                &format!("-d{secs}s"),
+                "--latency",
+                "-s",
+            ])
+            .arg(script)
+            .arg(url)
+            .output()
+            .expect("run wrk");
+        let elapsed = started.elapsed().as_secs_f64();
+        let cpu = server_cpu_seconds() - cpu_before;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let field = |prefix: &str| {
+            text.lines()
+                .map(str::trim)
+                .find_map(|l| l.strip_prefix(prefix))
+                .map(|v| v.trim().to_string())
+                .unwrap_or_default()
+        };
+        let rate: f64 = field("Requests/sec:").parse().unwrap_or(0.0);
+        // "N requests in 10.00s, ..." counts what the server answered.
+        let requests: f64 = text
+            .lines()
+            .find(|l| l.contains(" requests in "))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0.0);
+        Self {
+            rate,
+            p50: field("50%"),
+            p99: field("99%"),
+            cpu_per_request: cpu / requests.max(1.0),
+            cpu_share: cpu / elapsed,
+        }
     }
 }

@@ -3,6 +3,12 @@
 
 use clap::Parser;
 
+/// mimalloc instead of glibc malloc: the webhook's reviews and the scaler's calls make many small
+/// short-lived allocations, which glibc served at a quarter of the webhook's CPU
+/// (docs/performance.md, "Where a review's CPU goes").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     nightshift::install_crypto_provider();

@@ -31,13 +31,26 @@ impl Drop for ScalerProcess {
 
 /// Starts `nightshift scaler` on a free loopback port, reading the Prometheus stand-in at `prom`
 /// (allowed exactly, with loopback, as a dev setup would), with `extra` options; returns it with
-/// a gRPC channel once it answers (30 s at most).
-pub async fn start_scaler(prom: SocketAddr, extra: &[&str]) -> (ScalerProcess, Channel) {
+/// a gRPC channel once it answers (30 s at most). With `cores`, the process runs on those cores
+/// only (`taskset -c`, see `pinning.rs`).
+pub async fn start_scaler(
+    prom: SocketAddr,
+    extra: &[&str],
+    cores: Option<&str>,
+) -> (ScalerProcess, Channel) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("free port");
-    let child = Command::new(env!("CARGO_BIN_EXE_nightshift"))
+    let mut command = match cores {
+        Some(cores) => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", cores, env!("CARGO_BIN_EXE_nightshift")]);
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_nightshift")),
+    };
+    let child = command
         .args([
             "scaler",
             "--scaler-addr",

@@ -1181,6 +1181,195 @@ proptest! {
     }
 }
 
+/// Lists of volumes, mounts or environment variables as real pods carry them: a few entries in
+/// any order, among them (maybe several times) the reclaim-notice one, entries without a name or
+/// path, and names that only look alike.
+fn arb_entries(pool: Vec<Value>) -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(Value::Null),
+        proptest::collection::vec(proptest::sample::select(pool), 0..5).prop_map(Value::Array),
+    ]
+}
+
+fn arb_lists() -> impl Strategy<Value = (Value, Value, Value, Value)> {
+    let volumes = vec![
+        json!({"name": "nightshift-notice", "emptyDir": {}}),
+        json!({"name": "nightshift-notice-2", "emptyDir": {}}),
+        json!({"name": "data", "persistentVolumeClaim": {"claimName": "d"}}),
+        json!({"emptyDir": {}}),
+        json!({"name": null}),
+    ];
+    let mounts = vec![
+        json!({"name": "nightshift-notice", "mountPath": "/etc/nightshift"}),
+        json!({"name": "data", "mountPath": "/etc/nightshift/"}),
+        json!({"name": "data", "mountPath": "/etc/nightshift//", "readOnly": true}),
+        json!({"name": "data", "mountPath": "/etc/nightshift-other"}),
+        json!({"name": "data", "mountPath": "/data"}),
+        json!({"mountPath": "/etc/nightshift"}),
+        json!({"name": "nightshift-notice"}),
+    ];
+    let env = vec![
+        json!({"name": "NIGHTSHIFT_NOTICE_FILE", "value": "/f"}),
+        json!({"name": "NIGHTSHIFT_NOTICE_FILE_2", "value": "/f"}),
+        json!({"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}),
+        json!({"value": "no name"}),
+    ];
+    (
+        arb_entries(volumes),
+        arb_entries(mounts.clone()),
+        arb_entries(env),
+        arb_entries(mounts),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// The review's own path: the body's bytes, parsed by `review::parse` into the trimmed pod
+    /// whose lists keep only the reclaim-notice entries, give the same patch, warnings and
+    /// decision as the whole pod.
+    #[test]
+    fn the_trimmed_parse_of_the_body_decides_exactly_as_the_whole_pod(
+        (ns, mut doc) in arb_case(),
+        (volumes, mounts, env, second_mounts) in arb_lists(),
+        second in any::<bool>(),
+        meta in 0..4u8,
+    ) {
+        match meta {
+            // Annotations, the mirror-pod one among them, and a large one the decision skips.
+            1 => doc["metadata"]["annotations"] = json!({
+                "kubectl.kubernetes.io/last-applied-configuration": "{\"spec\": {}}".repeat(50),
+                MIRROR_POD_ANNOTATION: "x",
+                "team": "a\u{e9}\n",
+            }),
+            // What the API server fills in before admission.
+            2 => {
+                doc["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "Node",
+                    "name": "n", "uid": "u", "controller": true}]);
+                doc["metadata"]["managedFields"] = json!([{"manager": "kubectl", "operation": "Update",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {".": {}}}}}]);
+                doc["metadata"]["uid"] = json!("0c9a8d74");
+                doc["metadata"]["annotations"] = json!({"team": "x"});
+            }
+            3 => doc["metadata"]["annotations"] = Value::Null,
+            _ => {}
+        }
+        if !volumes.is_null() {
+            doc["spec"]["volumes"] = volumes;
+        }
+        if !mounts.is_null() {
+            doc["spec"]["containers"][0]["volumeMounts"] = mounts;
+        }
+        if !env.is_null() {
+            doc["spec"]["containers"][0]["env"] = env;
+        }
+        if second && let Some(cs) = doc["spec"]["containers"].as_array_mut() {
+            cs.push(json!({"name": "side", "image": "x", "volumeMounts": second_mounts}));
+        }
+        let policy = MutationPolicy { scheduler_name: Some(PACKING.into()), ..MutationPolicy::default() };
+        let whole: Pod = serde_json::from_value(doc.clone()).expect("generated pod is valid");
+        let body = serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": NS, "operation": "CREATE", "userInfo": {}, "object": doc
+            }
+        })).expect("body");
+        let trimmed = super::super::review::parse(&body)
+            .expect("parses")
+            .object
+            .expect("object")
+            .into_pod();
+        let a = mutate(&whole, NS, &ns, &policy, &classes()).expect("research class exists");
+        let b = mutate(&trimmed, NS, &ns, &policy, &classes()).expect("research class exists");
+        prop_assert_eq!(patch_json(&a), patch_json(&b));
+        prop_assert_eq!(a.warnings, b.warnings);
+        prop_assert_eq!(format!("{:?}", a.selection), format!("{:?}", b.selection));
+    }
+}
+
+/// The trimmed lists keep what the decision reads even when the JSON escapes it, read `null` as
+/// absent, and refuse what the whole pod's decode refuses.
+#[test]
+fn trimmed_lists_read_escapes_nulls_and_refuse_what_the_whole_pod_refuses() {
+    use super::super::pod_fields::AdmittedPod;
+    let read = |spec: &str| {
+        serde_json::from_str::<AdmittedPod>(&format!(r#"{{"spec": {spec}}}"#))
+            .map(AdmittedPod::into_pod)
+    };
+    let pod = read(
+        r#"{"volumes": [{"name": "data"}, {"name": "nightshift-notice"}],
+            "containers": [{"name": "c",
+              "volumeMounts": [{"name": "x", "mountPath": "/data"},
+                               {"name": "nightshift-notice", "mountPath": "\/etc\/nightshift"}],
+              "env": [{"name": "A"}, {"name": "NIGHTSHIFT_NOTICE_FILE", "value": "v"}]}]}"#,
+    )
+    .expect("reads");
+    let spec = pod.spec.expect("spec");
+    let volumes: Vec<String> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.clone())
+        .collect();
+    assert_eq!(volumes, ["nightshift-notice"]);
+    let c = &spec.containers[0];
+    let mounts = c.volume_mounts.clone().expect("mounts");
+    assert_eq!(mounts.len(), 1);
+    assert_eq!(mounts[0].mount_path, "/etc/nightshift");
+    assert_eq!(mounts[0].name, "nightshift-notice");
+    let env = c.env.clone().expect("env");
+    assert_eq!(env.len(), 1);
+    assert_eq!(env[0].name, "NIGHTSHIFT_NOTICE_FILE");
+
+    // Present but without the notice entry: present and empty (the patch appends to it).
+    let pod = read(r#"{"volumes": [{"name": "data"}], "containers": [{"env": [{"name": "A"}]}]}"#)
+        .expect("reads");
+    let spec = pod.spec.expect("spec");
+    assert_eq!(spec.volumes.map(|v| v.len()), Some(0));
+    assert_eq!(spec.containers[0].env.as_ref().map(Vec::len), Some(0));
+    assert_eq!(spec.containers[0].volume_mounts, None);
+
+    // `null` is absent, as for the whole pod.
+    let pod = read(r#"{"volumes": null, "containers": [{"env": null, "volumeMounts": null}]}"#)
+        .expect("reads");
+    let spec = pod.spec.expect("spec");
+    assert_eq!(spec.volumes, None);
+    assert_eq!(spec.containers[0].env, None);
+
+    // What the whole pod's decode refuses, the trimmed one refuses too.
+    let meta = |m: &str| serde_json::from_str::<AdmittedPod>(&format!(r#"{{"metadata": {m}}}"#));
+    for bad in [
+        r#"{"annotations": {"a": 1}}"#,
+        r#"{"annotations": []}"#,
+        r#"{"labels": {"a": null}}"#,
+    ] {
+        let whole = serde_json::from_str::<Pod>(&format!(r#"{{"metadata": {bad}}}"#));
+        assert!(whole.is_err(), "the whole pod reads {bad}");
+        assert!(meta(bad).is_err(), "the trimmed pod reads {bad}");
+    }
+    let mirror = meta(r#"{"annotations": {"kubernetes.io\/config.mirror": "m", "b": "c"}}"#)
+        .expect("reads")
+        .into_pod();
+    assert_eq!(
+        mirror.metadata.annotations,
+        Some([(MIRROR_POD_ANNOTATION.to_string(), "m".to_string())].into())
+    );
+    for bad in [
+        r#"{"volumes": {"name": "x"}, "containers": []}"#,
+        r#"{"volumes": [1], "containers": []}"#,
+        r#"{"volumes": [{"name": 1}], "containers": []}"#,
+        r#"{"containers": [{"env": "A"}]}"#,
+        r#"{"containers": [{"volumeMounts": [{"mountPath": ["/etc/nightshift"]}]}]}"#,
+    ] {
+        let whole = serde_json::from_str::<Pod>(&format!(r#"{{"spec": {bad}}}"#));
+        assert!(whole.is_err(), "the whole pod reads {bad}");
+        assert!(read(bad).is_err(), "the trimmed pod reads {bad}");
+    }
+}
+
 /// Found by the `admission` fuzz target: a required node affinity without its term list (absent
 /// in the object as sent) got an append to that list, which does not apply. The patch must
 /// apply to the object exactly as sent and leave nothing for a second pass.

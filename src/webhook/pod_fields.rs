@@ -1,15 +1,24 @@
 //! The part of a Pod that admission reads, decoded straight from the review's JSON.
 //!
 //! A pod in a review is mostly containers' images, commands, environment, volume mounts and
-//! probes, none of which the decision reads. Decoding all of it into `k8s_openapi` types costs
-//! far more than the decision itself, so the review is decoded into [`AdmittedPod`]: the
-//! metadata plus the spec fields [`super::mutate::mutate`] reads (node name, priority triple,
-//! affinity, tolerations, grace period, scheduler name, volume names, and each container's name,
-//! resources, mount paths and environment variable names). Every other field is skipped by the
-//! JSON parser without being built. [`AdmittedPod::into_pod`] gives the `Pod` that `mutate`
-//! takes; a property test checks that it decides exactly as on the whole pod.
+//! probes, and metadata such as managed fields and the last applied configuration, none of which
+//! the decision reads. Decoding all of it into `k8s_openapi` types costs far more than the
+//! decision itself, so the review is decoded into [`AdmittedPod`]: the metadata the decision reads
+//! (name, namespace, labels, the mirror-pod annotation) plus the spec fields
+//! [`super::mutate::mutate`] reads (node name, priority triple, affinity, tolerations, grace
+//! period, scheduler name, volumes, and each container's name, resources, mounts and environment
+//! variables). Every other field is skipped by the JSON parser
+//! without being built. [`AdmittedPod::into_pod`] gives the `Pod` that `mutate` takes; property
+//! tests check that it decides exactly as on the whole pod.
+//!
+//! Of the lists of volumes, mounts and environment variables (dozens of entries in a real pod),
+//! the decision only asks whether the list is there and whether it holds the reclaim-notice
+//! entry: the volume named [`NOTICE_VOLUME`], a mount at [`NOTICE_MOUNT_PATH`], the variable
+//! [`NOTICE_FILE_ENV`]. So only those entries are kept; the others are read in place, borrowed
+//! from the body, and dropped without an allocation. A list that is present stays present (maybe
+//! empty), so the patch still appends to it rather than creating it.
 
-use std::borrow::Cow;
+use std::{borrow::Cow, collections::BTreeMap};
 
 use k8s_openapi::{
     api::core::v1::{
@@ -19,15 +28,86 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use kube::core::{NamespaceResourceScope, Resource};
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
-/// A Pod as admission reads it: metadata in full, the spec trimmed to what decisions use.
+use super::mutate::MIRROR_POD_ANNOTATION;
+use crate::vocabulary::{NOTICE_FILE_ENV, NOTICE_MOUNT_PATH, NOTICE_VOLUME};
+
+/// A Pod as admission reads it: the metadata and the spec trimmed to what decisions use.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct AdmittedPod {
-    #[serde(default)]
+    /// Name, generated name, namespace, labels, and of the annotations only the mirror-pod one
+    /// ([`AdmittedMeta`]).
+    #[serde(default, deserialize_with = "admitted_meta")]
     pub metadata: ObjectMeta,
     #[serde(default)]
     pub spec: Option<AdmittedSpec>,
+}
+
+/// The metadata fields decisions read. Everything else (owner references, managed fields, which
+/// the API server fills in before admission, timestamps) is skipped; of the annotations, often
+/// kilobytes of `last-applied-configuration`, only [`MIRROR_POD_ANNOTATION`] is kept, the only
+/// one the decision asks for, and the others are read in place.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AdmittedMeta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    generate_name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default, deserialize_with = "mirror_annotation")]
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+fn admitted_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let m = AdmittedMeta::deserialize(d)?;
+    Ok(ObjectMeta {
+        name: m.name,
+        generate_name: m.generate_name,
+        namespace: m.namespace,
+        labels: m.labels,
+        annotations: m.annotations,
+        ..ObjectMeta::default()
+    })
+}
+
+/// The annotations, keeping only [`MIRROR_POD_ANNOTATION`]; `null` reads as absent. Values are
+/// still read as strings, so what the whole pod's decode refuses is refused here too.
+fn mirror_annotation<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    use serde::de::{MapAccess, Visitor};
+
+    struct Annotations;
+    impl<'de> Visitor<'de> for Annotations {
+        type Value = Option<BTreeMap<String, String>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a map of strings")
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D2: Deserializer<'de>>(self, d: D2) -> Result<Self::Value, D2::Error> {
+            d.deserialize_map(self)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut kept = BTreeMap::new();
+            while let Some((key, value)) = map.next_entry::<Cow<'de, str>, Cow<'de, str>>()? {
+                if key == MIRROR_POD_ANNOTATION {
+                    kept.insert(key.into_owned(), value.into_owned());
+                }
+            }
+            Ok(Some(kept))
+        }
+    }
+    d.deserialize_option(Annotations)
 }
 
 /// The spec fields that decide and shape the mutation.
@@ -54,7 +134,8 @@ pub struct AdmittedSpec {
     pub containers: Vec<AdmittedContainer>,
     #[serde(default)]
     pub init_containers: Option<Vec<AdmittedContainer>>,
-    #[serde(default)]
+    /// Only the reclaim-notice volume, if the pod has one.
+    #[serde(default, deserialize_with = "notice_volumes")]
     pub volumes: Option<Vec<Named>>,
 }
 
@@ -67,9 +148,11 @@ pub struct AdmittedContainer {
     pub name: String,
     #[serde(default)]
     pub resources: Option<ResourceRequirements>,
-    #[serde(default)]
+    /// Only the mounts at the reclaim-notice path, in order.
+    #[serde(default, deserialize_with = "notice_mounts")]
     pub volume_mounts: Option<Vec<AdmittedMount>>,
-    #[serde(default)]
+    /// Only the reclaim-notice variable, if the container sets it.
+    #[serde(default, deserialize_with = "notice_env")]
     pub env: Option<Vec<Named>>,
 }
 
@@ -89,6 +172,94 @@ pub struct AdmittedMount {
     pub name: Option<String>,
     #[serde(default)]
     pub mount_path: Option<String>,
+}
+
+/// List entries as read in place: the strings borrow from the body when they hold no escape.
+mod borrowed {
+    use std::borrow::Cow;
+
+    use serde::Deserialize;
+
+    /// A volume or an environment variable (same name as the owned type: serde's error messages
+    /// name it).
+    #[derive(Deserialize)]
+    pub struct Named<'a> {
+        #[serde(default, borrow)]
+        pub name: Option<Cow<'a, str>>,
+    }
+
+    /// A volume mount.
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct AdmittedMount<'a> {
+        #[serde(default, borrow)]
+        pub name: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        pub mount_path: Option<Cow<'a, str>>,
+    }
+}
+
+/// An optional list of `B` (entries read in place) keeping, as `T`, only the entries `keep`
+/// returns. `null` reads as absent, as for `Option<Vec<T>>`.
+fn kept<'de, D, B, T>(d: D, keep: fn(B) -> Option<T>) -> Result<Option<Vec<T>>, D::Error>
+where
+    D: Deserializer<'de>,
+    B: Deserialize<'de>,
+{
+    use serde::de::{SeqAccess, Visitor};
+    use std::marker::PhantomData;
+
+    struct List<B, T>(fn(B) -> Option<T>, PhantomData<B>);
+    impl<'de, B: Deserialize<'de>, T> Visitor<'de> for List<B, T> {
+        type Value = Option<Vec<T>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a sequence")
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D2: Deserializer<'de>>(self, d: D2) -> Result<Self::Value, D2::Error> {
+            d.deserialize_seq(self)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(entry) = seq.next_element::<B>()? {
+                out.extend((self.0)(entry));
+            }
+            Ok(Some(out))
+        }
+    }
+    d.deserialize_option(List(keep, PhantomData))
+}
+
+fn notice_volumes<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Named>>, D::Error> {
+    kept(d, |v: borrowed::Named<'de>| {
+        (v.name.as_deref() == Some(NOTICE_VOLUME)).then(|| Named {
+            name: Some(NOTICE_VOLUME.to_string()),
+        })
+    })
+}
+
+fn notice_env<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Named>>, D::Error> {
+    kept(d, |e: borrowed::Named<'de>| {
+        (e.name.as_deref() == Some(NOTICE_FILE_ENV)).then(|| Named {
+            name: Some(NOTICE_FILE_ENV.to_string()),
+        })
+    })
+}
+
+fn notice_mounts<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<AdmittedMount>>, D::Error> {
+    // `/etc/nightshift/` and `/etc/nightshift` are one mount point (as `mutate` compares them).
+    kept(d, |m: borrowed::AdmittedMount<'de>| {
+        let path = m.mount_path?;
+        (path.trim_end_matches('/') == NOTICE_MOUNT_PATH).then(|| AdmittedMount {
+            name: m.name.map(Cow::into_owned),
+            mount_path: Some(path.into_owned()),
+        })
+    })
 }
 
 impl AdmittedContainer {

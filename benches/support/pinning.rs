@@ -1,0 +1,98 @@
+//! Where the load benchmarks put the server and the load generator: on cores apart, so that the
+//! generator's work is neither counted as the server's latency nor steals the server's core.
+//!
+//! With `n ≥ 2` cores the server gets the first `n / 2` and the generator the rest (on 2 cores:
+//! server on core 0, generator on core 1). Pinning uses util-linux `taskset`: a child process is
+//! started under `taskset -c`, and a benchmark pins its own process with `taskset -a -p -c` before
+//! it starts any thread, so that every thread it starts later inherits the mask. The crate forbids
+//! unsafe code, and `taskset` needs no new dependency. On one core, or without `taskset`, nothing
+//! is pinned and [`Pinning::describe`] says so.
+
+use std::process::Command;
+
+/// The cores of the server and of the load generator, as `taskset` lists (`0`, `0-7`).
+#[derive(Clone, Debug)]
+pub struct Pinning {
+    pub server: Option<String>,
+    pub generator: Option<String>,
+    /// Cores each side has (for thread counts); the whole machine when not pinned.
+    pub server_cores: usize,
+    pub generator_cores: usize,
+}
+
+impl Pinning {
+    /// Server on the first half of the cores, generator on the second half, when there are at
+    /// least two cores and `taskset` is installed (`NIGHTSHIFT_BENCH_PIN=0` turns pinning off).
+    pub fn split() -> Self {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let wanted = std::env::var("NIGHTSHIFT_BENCH_PIN").map_or(true, |v| v != "0");
+        let taskset = Command::new("taskset")
+            .arg("-V")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if n < 2 || !wanted || !taskset {
+            return Self {
+                server: None,
+                generator: None,
+                server_cores: n,
+                generator_cores: n,
+            };
+        }
+        let half = n / 2;
+        let list = |from: usize, to: usize| {
+            if from == to {
+                from.to_string()
+            } else {
+                format!("{from}-{to}")
+            }
+        };
+        Self {
+            server: Some(list(0, half - 1)),
+            generator: Some(list(half, n - 1)),
+            server_cores: half,
+            generator_cores: n - half,
+        }
+    }
+
+    /// One line for the benchmark's output.
+    pub fn describe(&self) -> String {
+        match (&self.server, &self.generator) {
+            (Some(s), Some(g)) => format!(
+                "pinning (taskset): server on core(s) {s}, load generator on core(s) {g}, of {}",
+                self.server_cores + self.generator_cores
+            ),
+            _ => format!(
+                "no pinning (one core, taskset missing or NIGHTSHIFT_BENCH_PIN=0): server and \
+                 load generator share the {} core(s)",
+                self.server_cores
+            ),
+        }
+    }
+
+    /// Pins this whole process (every thread it has now, and so every thread they start later)
+    /// to `cores`; does nothing for `None`. Call it before starting any runtime.
+    pub fn pin_self(cores: Option<&str>) {
+        let Some(cores) = cores else { return };
+        let status = Command::new("taskset")
+            .args(["-a", "-p", "-c", cores, &std::process::id().to_string()])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("run taskset");
+        assert!(status.success(), "taskset -a -p -c {cores} failed");
+    }
+
+    /// A command running `program` on `cores` (under `taskset -c`), or as is for `None`.
+    // The scaler benchmark's server is started by `scaler_load.rs`, shared with the soak
+    // benchmark, which pins nothing.
+    #[allow(dead_code)]
+    pub fn command(cores: Option<&str>, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        match cores {
+            Some(cores) => {
+                let mut c = Command::new("taskset");
+                c.args(["-c", cores]).arg(program);
+                c
+            }
+            None => Command::new(program),
+        }
+    }
+}
