@@ -12,6 +12,7 @@ use crate::demand::Targets;
 pub struct Scenario {
     pub run: RunConfig,
     pub envelope: EnvelopeConfig,
+    pub mix: MixConfig,
     pub model: ModelConfig,
     pub autoscaling: AutoscalingConfig,
     pub prometheus: PrometheusConfig,
@@ -45,12 +46,35 @@ impl Default for RunConfig {
     }
 }
 
-/// The 24-hour shape of traffic, as multipliers of the trace's own arrival rate.
+/// The shape of traffic over a day and a week, as multipliers of the trace's own arrival rate.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EnvelopeConfig {
     /// Multiplier at each hour h:00 (linear in between), 24 values.
     pub hourly: Vec<f64>,
+    /// Multiplier of each day of the week, day 0 of the run first (7 values; all 1 by default:
+    /// every day alike). A weekend at half the traffic is `[1, 1, 1, 1, 1, 0.5, 0.5]`.
+    pub weekly: Vec<f64>,
+}
+
+/// The token mix: every request's prompt and output lengths scaled from the trace's. The
+/// conversation trace is decode-heavy (1,155 prompt and 211 generated tokens on average); a
+/// code-completion-like, prefill-heavy service is e.g. `context = 2.0, generated = 0.12`
+/// (≈ 2,300 and 25).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MixConfig {
+    pub context: f64,
+    pub generated: f64,
+}
+
+impl Default for MixConfig {
+    fn default() -> Self {
+        MixConfig {
+            context: 1.0,
+            generated: 1.0,
+        }
+    }
 }
 
 impl Default for EnvelopeConfig {
@@ -67,6 +91,7 @@ impl Default for EnvelopeConfig {
                 1.0, 2.5, 3.5, 4.0, 4.0, 4.0, 4.0, 4.0, // 08–15
                 4.0, 3.5, 2.5, 1.5, 1.0, 1.0, 1.0, 1.0, // 16–23
             ],
+            weekly: vec![1.0; 7],
         }
     }
 }
@@ -364,6 +389,14 @@ pub struct NightshiftConfig {
     pub kv_cache: Option<f64>,
     pub generation_tokens: Option<f64>,
     pub prompt_tokens: Option<f64>,
+    /// Learn the token targets from the service itself (the trigger's `capacity: learned`):
+    /// prompt and generated tokens/s at `utilization` of what a replica sustained while
+    /// requests queued. An explicit token target above wins for its signal.
+    pub learn_capacity: bool,
+    pub utilization: f64,
+    /// The "+ forecast" policies (the trigger's `forecast: daily`): demand = max(now, the daily
+    /// shape's demand over the next `forecast_lead_s`).
+    pub forecast_lead_s: f64,
     pub source: MetricSource,
     /// Window over which the generated-token counter is turned into a rate.
     pub rate_window_s: f64,
@@ -392,17 +425,20 @@ impl NightshiftConfig {
 
 impl Default for NightshiftConfig {
     fn default() -> Self {
-        // Tuned as a user would, on the default scenario: a replica of this model saturates
-        // near 700 generated tokens/s on the conversation mix (prefill-bound), so 425 keeps it
-        // at about 60 % and absorbs the trace's 10-second bursts during the 180 s a new replica
-        // needs; the queue target (5, as in vLLM production-stack) catches bursts the 30 s rate
-        // lags. No headroom: a scale-up waits out a 30 s grace period at most.
+        // The live trigger's defaults, no per-model numbers: the queue target (5, as in vLLM
+        // production-stack) and token targets learned from the replicas at the default
+        // utilization. The forecast looks one replica start-up (180 s with cached weights)
+        // plus one HPA sync (15 s) ahead: a replica asked for then serves in time. No headroom:
+        // a scale-up waits out a 30 s grace period at most.
         NightshiftConfig {
             waiting: Some(5.0),
             running: None,
             kv_cache: None,
-            generation_tokens: Some(425.0),
+            generation_tokens: None,
             prompt_tokens: None,
+            learn_capacity: true,
+            utilization: crate::demand::DEFAULT_UTILIZATION,
+            forecast_lead_s: 195.0,
             source: MetricSource::Scrape,
             rate_window_s: 30.0,
             headroom_gpus: 0,
@@ -464,6 +500,12 @@ impl Scenario {
                 "policies.nightshift.rate_window_s",
                 self.policies.nightshift.rate_window_s,
             ),
+            (
+                "policies.nightshift.forecast_lead_s",
+                self.policies.nightshift.forecast_lead_s,
+            ),
+            ("mix.context", self.mix.context),
+            ("mix.generated", self.mix.generated),
         ];
         for (name, v) in positive {
             if !(v.is_finite() && v > 0.0) {
@@ -506,6 +548,12 @@ impl Scenario {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(format!("{name} must be a finite number ≥ 0, got {v}"));
             }
+        }
+        let u = self.policies.nightshift.utilization;
+        if !(u.is_finite() && u > 0.0 && u <= 1.0) {
+            return Err(format!(
+                "policies.nightshift.utilization must be in (0, 1], got {u}"
+            ));
         }
         let a = &self.autoscaling;
         if a.min_replicas == 0 || a.min_replicas > a.max_replicas {

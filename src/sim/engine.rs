@@ -17,7 +17,9 @@ use super::{
     pool::{Placement, Pool},
     trace::{Arrivals, Envelope, Trace},
 };
-use crate::demand::{self, Decision, PerSignal, Totals};
+use crate::capacity::{CapacityConfig, LearnedCapacity};
+use crate::demand::{self, Decision, PerSignal, Targets, Totals};
+use crate::forecast::{DailyShape, ForecastConfig, with_forecast};
 use crate::notice::{NoticePolicy, Watch};
 
 /// Queue waits and TTFTs are kept in 1 ms buckets up to this many seconds (beyond: one bucket).
@@ -216,6 +218,8 @@ pub struct RunSummary {
     /// Times the live demand code was called (nightshift only) and how many calls failed.
     pub demand_calls: u64,
     pub demand_errors: u64,
+    /// Readings where the forecast raised the demand above the measured one.
+    pub forecast_decisions: u64,
     /// Reclaim notices given and withdrawn (a withdrawn notice cost a checkpoint for nothing).
     pub notices: u64,
     pub notices_withdrawn: u64,
@@ -257,6 +261,7 @@ impl RunSummary {
             rejected: 0,
             demand_calls: 0,
             demand_errors: 0,
+            forecast_decisions: 0,
             notices: 0,
             notices_withdrawn: 0,
             preempted_after_checkpoint: 0,
@@ -308,9 +313,12 @@ pub fn run_policy(
     for k in 0..run.steps {
         run.step(k);
     }
+    let learned = run.capacity.as_ref().and_then(LearnedCapacity::per_replica);
     let outcome = run.finish();
     tracing::debug!(
         policy = policy.label(),
+        learned_prompt_per_replica = learned.map(|t| t.prompt),
+        learned_generated_per_replica = learned.map(|t| t.generated),
         elapsed_s = started.elapsed().as_secs_f64(),
         "policy run finished"
     );
@@ -370,6 +378,10 @@ struct PolicyRun<'a> {
     /// and the demand read since the last notice decision.
     notice: Option<(NoticePolicy, Watch)>,
     fresh_demand: Option<f64>,
+    /// The trigger's learned capacity (nightshift with `learn_capacity`) and daily forecast
+    /// (the forecast policies): the live scaler's code.
+    capacity: Option<LearnedCapacity>,
+    shape: Option<DailyShape>,
 
     result: RunSummary,
     decisions: Vec<(Totals, Decision)>,
@@ -437,6 +449,11 @@ impl<'a> PolicyRun<'a> {
                 )
             }),
             fresh_demand: None,
+            capacity: (policy.is_nightshift() && ns.learn_capacity)
+                .then(|| LearnedCapacity::new(CapacityConfig::default())),
+            shape: policy
+                .forecasts()
+                .then(|| DailyShape::new(ForecastConfig::default())),
             result: RunSummary::new(policy),
             decisions: Vec::new(),
             timeline: Vec::with_capacity((end / 60.0).ceil() as usize),
@@ -612,9 +629,22 @@ impl<'a> PolicyRun<'a> {
                 };
                 let totals = totals_at(&self.history, at, ns.rate_window_s);
                 self.result.demand_calls += 1;
-                match policy::nightshift_metric(&totals, &self.targets) {
+                let targets = self.learned_targets(&totals);
+                match policy::nightshift_metric(&totals, &targets) {
                     Ok((decision, value)) => {
-                        self.fresh_demand = Some(decision.replicas);
+                        let (replicas, value) = match self.shape.as_mut() {
+                            Some(shape) => {
+                                shape.observe(t1, decision.replicas);
+                                let expected = shape.expected(t1, ns.forecast_lead_s);
+                                let (replicas, decided) = with_forecast(decision.replicas, expected);
+                                if decided {
+                                    self.result.forecast_decisions += 1;
+                                }
+                                (replicas, replicas * demand::METRIC_TARGET)
+                            }
+                            None => (decision.replicas, value),
+                        };
+                        self.fresh_demand = Some(replicas);
                         if self.record_decisions {
                             self.decisions.push((totals, decision));
                         }
@@ -627,6 +657,31 @@ impl<'a> PolicyRun<'a> {
                 }
             }
         }
+    }
+
+    /// The trigger's targets for this reading: learned token targets (when the policy learns
+    /// them and a replica has been seen saturated) fill the token signals the scenario does not
+    /// set by hand.
+    fn learned_targets(&mut self, totals: &Totals) -> Targets {
+        let mut targets = self.targets;
+        let Some(capacity) = self.capacity.as_mut() else {
+            return targets;
+        };
+        let s = &totals.signals;
+        if let (Some(waiting), Some(prompt), Some(generated)) =
+            (s.waiting, s.prompt_tokens, s.generation_tokens)
+        {
+            capacity.observe(totals.pods, waiting, prompt, generated);
+        }
+        if let Some(learned) = capacity.targets(self.sc.policies.nightshift.utilization) {
+            if targets.prompt_tokens.is_none() && learned.prompt > 0.0 {
+                targets.prompt_tokens = Some(learned.prompt);
+            }
+            if targets.generation_tokens.is_none() && learned.generated > 0.0 {
+                targets.generation_tokens = Some(learned.generated);
+            }
+        }
+        targets
     }
 
     /// The Deployment converges to the desired count.
@@ -812,6 +867,7 @@ fn fixed_replicas(policy: ScalingPolicy, sc: &Scenario, t: f64) -> Option<u32> {
         }
         ScalingPolicy::KedaPrometheus
         | ScalingPolicy::Nightshift
+        | ScalingPolicy::NightshiftForecast
         | ScalingPolicy::NightshiftNotice => None,
     }
 }

@@ -160,7 +160,16 @@ pub fn run(args: SimArgs) -> Result<(), SimError> {
 /// Runs every policy through the scenario (in parallel threads; results do not depend on it).
 pub fn simulate(scenario: &Scenario, trace: &Trace) -> Result<Report, SimError> {
     scenario.validate().map_err(SimError::Invalid)?;
-    let envelope = Envelope::new(&scenario.envelope.hourly).map_err(SimError::Invalid)?;
+    let envelope = Envelope::new(&scenario.envelope.hourly)
+        .and_then(|e| e.with_weekly(&scenario.envelope.weekly))
+        .map_err(SimError::Invalid)?;
+    let mixed;
+    let trace = if scenario.mix == config::MixConfig::default() {
+        trace
+    } else {
+        mixed = trace.with_mix(scenario.mix.context, scenario.mix.generated);
+        &mixed
+    };
     // The live code validates the targets: a configuration it would refuse is refused here.
     let probe = Totals {
         pods: 1,

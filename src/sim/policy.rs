@@ -20,16 +20,20 @@ pub enum ScalingPolicy {
     NightWindow,
     KedaPrometheus,
     Nightshift,
-    /// nightshift with reclaim notices: the same scaling, research warned before preemption.
+    /// nightshift with the daily forecast (the trigger's `forecast: daily`).
+    NightshiftForecast,
+    /// nightshift with the forecast and reclaim notices: the same scaling, research warned
+    /// before preemption.
     NightshiftNotice,
 }
 
 impl ScalingPolicy {
-    pub const ALL: [ScalingPolicy; 5] = [
+    pub const ALL: [ScalingPolicy; 6] = [
         ScalingPolicy::StaticPeak,
         ScalingPolicy::NightWindow,
         ScalingPolicy::KedaPrometheus,
         ScalingPolicy::Nightshift,
+        ScalingPolicy::NightshiftForecast,
         ScalingPolicy::NightshiftNotice,
     ];
 
@@ -37,7 +41,17 @@ impl ScalingPolicy {
     pub fn is_nightshift(self) -> bool {
         matches!(
             self,
-            ScalingPolicy::Nightshift | ScalingPolicy::NightshiftNotice
+            ScalingPolicy::Nightshift
+                | ScalingPolicy::NightshiftForecast
+                | ScalingPolicy::NightshiftNotice
+        )
+    }
+
+    /// Whether the policy adds the daily forecast to nightshift's demand.
+    pub fn forecasts(self) -> bool {
+        matches!(
+            self,
+            ScalingPolicy::NightshiftForecast | ScalingPolicy::NightshiftNotice
         )
     }
 
@@ -47,7 +61,8 @@ impl ScalingPolicy {
             ScalingPolicy::NightWindow => "night window",
             ScalingPolicy::KedaPrometheus => "KEDA prometheus waiting",
             ScalingPolicy::Nightshift => "nightshift",
-            ScalingPolicy::NightshiftNotice => "nightshift + reclaim notice",
+            ScalingPolicy::NightshiftForecast => "nightshift + forecast",
+            ScalingPolicy::NightshiftNotice => "nightshift + forecast + notice",
         }
     }
 }

@@ -90,7 +90,7 @@ fn notice_lines(r: &Report) -> String {
     let mut out = String::new();
     let find = |policy| r.policies.iter().find(|p| p.policy == policy);
     let (Some(plain), Some(noticed)) = (
-        find(ScalingPolicy::Nightshift),
+        find(ScalingPolicy::NightshiftForecast),
         find(ScalingPolicy::NightshiftNotice),
     ) else {
         return out;

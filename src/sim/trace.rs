@@ -115,6 +115,31 @@ impl Trace {
         Ok(Trace { requests, span })
     }
 
+    /// The same arrivals with every prompt and output length scaled (rounded, at least one
+    /// token): another token mix with the trace's timing and burstiness.
+    pub fn with_mix(&self, context: f64, generated: f64) -> Trace {
+        let scale = |n: u32, m: f64| {
+            let v = (f64::from(n) * m).round();
+            if v >= f64::from(u32::MAX) {
+                u32::MAX
+            } else {
+                (v as u32).max(1)
+            }
+        };
+        Trace {
+            requests: self
+                .requests
+                .iter()
+                .map(|r| TraceRequest {
+                    offset: r.offset,
+                    context: scale(r.context, context),
+                    generated: scale(r.generated, generated),
+                })
+                .collect(),
+            span: self.span,
+        }
+    }
+
     /// Mean gap between consecutive requests, used when the replay wraps around.
     fn mean_gap(&self) -> f64 {
         if self.requests.len() > 1 && self.span > 0.0 {
@@ -129,6 +154,8 @@ impl Trace {
 #[derive(Clone, Debug)]
 pub struct Envelope {
     hourly: Vec<f64>,
+    /// Day-of-week multipliers, day 0 of the run first.
+    weekly: [f64; 7],
 }
 
 impl Envelope {
@@ -147,7 +174,25 @@ impl Envelope {
         }
         Ok(Envelope {
             hourly: hourly.to_vec(),
+            weekly: [1.0; 7],
         })
+    }
+
+    /// The same envelope with a multiplier per day of the week (7 positive finite values).
+    pub fn with_weekly(mut self, weekly: &[f64]) -> Result<Envelope, String> {
+        let days: [f64; 7] = weekly.try_into().map_err(|_| {
+            format!(
+                "envelope.weekly needs 7 values (one per day), got {}",
+                weekly.len()
+            )
+        })?;
+        if let Some(bad) = days.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
+            return Err(format!(
+                "envelope.weekly values must be finite and above zero, got {bad}"
+            ));
+        }
+        self.weekly = days;
+        Ok(self)
     }
 
     /// The multiplier at `t` seconds since midnight of day 0.
@@ -157,7 +202,8 @@ impl Envelope {
         let frac = hours - hours.floor();
         let a = self.hourly[h];
         let b = self.hourly[(h + 1) % 24];
-        a + (b - a) * frac
+        let day = (t / 86_400.0).floor().rem_euclid(7.0) as usize % 7;
+        (a + (b - a) * frac) * self.weekly[day]
     }
 }
 
@@ -309,6 +355,14 @@ mod tests {
         assert!((env.at(1800.0) - 2.0).abs() < 1e-12);
         assert!((env.at(86_400.0 + 3600.0) - 3.0).abs() < 1e-12);
         assert!(Envelope::new(&[1.0; 23]).is_err());
+        let weekly = Envelope::new(&[2.0; 24])
+            .and_then(|e| e.with_weekly(&[1.0, 1.0, 1.0, 1.0, 1.0, 0.5, 0.25]))
+            .expect("valid");
+        assert_eq!(weekly.at(3600.0), 2.0);
+        assert_eq!(weekly.at(5.0 * 86_400.0 + 3600.0), 1.0);
+        assert_eq!(weekly.at(13.0 * 86_400.0), 0.5);
+        assert!(Envelope::new(&[1.0; 24]).and_then(|e| e.with_weekly(&[1.0; 6])).is_err());
+        assert!(Envelope::new(&[1.0; 24]).and_then(|e| e.with_weekly(&[0.0; 7])).is_err());
         hourly[5] = 0.0;
         assert!(Envelope::new(&hourly).is_err());
     }
