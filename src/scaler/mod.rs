@@ -447,7 +447,8 @@ impl Scaler {
                 let snapshot = self.scrape.snapshot(target).await?;
                 let mut out = Vec::with_capacity(wanted.len());
                 for &signal in wanted {
-                    if signal == Signal::GenerationTokens && snapshot.rates_warming_up {
+                    let rated = matches!(signal, Signal::GenerationTokens | Signal::PromptTokens);
+                    if rated && snapshot.rates_warming_up {
                         return Err(Error::WarmingUp {
                             source_name: source_name.to_string(),
                         });

@@ -20,6 +20,7 @@ pub struct Engine {
     pub running: f64,
     pub kv_cache: f64,
     pub generation_tokens_total: f64,
+    pub prompt_tokens_total: f64,
 }
 
 /// How the emulator answers.
@@ -133,12 +134,15 @@ fn render(s: &EmuState) -> String {
     } else {
         "vllm:kv_cache_usage_perc"
     };
-    let families: [(&str, &str, Reading); 4] = [
+    let families: [(&str, &str, Reading); 5] = [
         ("vllm:num_requests_running", "gauge", |e| e.running),
         ("vllm:num_requests_waiting", "gauge", |e| e.waiting),
         (kv_name, "gauge", |e| e.kv_cache),
         ("vllm:generation_tokens_total", "counter", |e| {
             e.generation_tokens_total
+        }),
+        ("vllm:prompt_tokens_total", "counter", |e| {
+            e.prompt_tokens_total
         }),
     ];
     for (name, kind, get) in families {

@@ -358,7 +358,7 @@ fn demand(r: &mut Reader<'_>) -> Demand {
     if r.text("query").is_some() && any_target {
         r.bad(
             "query",
-            "replaces the signal targets; remove waitingTarget/runningTarget/kvCacheTarget/generationTokensTarget",
+            "replaces the signal targets; remove waitingTarget/runningTarget/kvCacheTarget/generationTokensTarget/promptTokensTarget",
         );
     }
     // A target key that already has a problem (malformed, misspelled, misplaced) says what is
