@@ -20,6 +20,18 @@ use crate::capacity::{CapacityConfig, LearnedCapacity, Throughput};
 /// (namespace, name) of a ScaledObject.
 type Key = (String, String);
 
+/// One evaluation's totals: pods, waiting, prompt and generated tokens per second.
+type Reading = (usize, f64, f64, f64);
+
+/// A ScaledObject's learner and the last reading it was fed.
+struct Entry {
+    learner: LearnedCapacity,
+    /// Evaluations within the sources' cache time (`GetMetrics`, `IsActive` and the stream of
+    /// one ScaledObject) read the same totals: a reading equal to the last one is that same
+    /// reading again and is not counted twice.
+    last: Option<Reading>,
+}
+
 /// What a learner said in one evaluation.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Learned {
@@ -32,7 +44,7 @@ pub struct Learned {
 /// The learners of every ScaledObject with learned capacity.
 #[derive(Clone)]
 pub struct Capacities {
-    entries: Arc<Mutex<HashMap<Key, LearnedCapacity>>>,
+    entries: Arc<Mutex<HashMap<Key, Entry>>>,
     config: CapacityConfig,
     metrics: ScalerMetrics,
 }
@@ -62,10 +74,20 @@ impl Capacities {
     ) -> (Learned, CapacityView) {
         let (per_replica, targets, samples, saturated) = {
             let mut entries = self.lock();
-            let learner = entries
+            let entry = entries
                 .entry((namespace.to_string(), name.to_string()))
-                .or_insert_with(|| LearnedCapacity::new(self.config));
-            let saturated = learner.observe(pods, waiting, prompt, generated);
+                .or_insert_with(|| Entry {
+                    learner: LearnedCapacity::new(self.config),
+                    last: None,
+                });
+            let reading = (pods, waiting, prompt, generated);
+            let saturated = if entry.last == Some(reading) {
+                false
+            } else {
+                entry.last = Some(reading);
+                entry.learner.observe(pods, waiting, prompt, generated)
+            };
+            let learner = &entry.learner;
             (
                 learner.per_replica(),
                 learner.targets(utilization),
@@ -84,7 +106,7 @@ impl Capacities {
         let view = CapacityView {
             utilization,
             samples,
-            saturated,
+            sampled: saturated,
             per_replica,
             targets: targets.map(|t| Throughput {
                 prompt: t.prompt,
@@ -124,7 +146,7 @@ impl Capacities {
         self.lock().is_empty()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<Key, LearnedCapacity>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Key, Entry>> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -144,7 +166,10 @@ mod tests {
         // Never produced while saturated: no target rather than a zero one.
         assert_eq!(learned.generated_target, None);
         assert_eq!(view.samples, 1);
-        assert!(view.saturated);
+        assert!(view.sampled);
+        // The same reading again (a cached pass read by another RPC) is not a second sample.
+        let (_, again) = c.learn("a", "x", 0.5, 2, 4.0, 1000.0, 0.0);
+        assert_eq!((again.samples, again.sampled), (1, false));
         let (other, _) = c.learn("a", "y", 0.5, 1, 0.0, 1.0, 1.0);
         assert_eq!(other.prompt_target, None);
         assert_eq!(c.len(), 2);

@@ -74,8 +74,8 @@ pub struct CapacityView {
     pub utilization: f64,
     /// Saturated readings the capacity is learned from (the most recent are kept).
     pub samples: usize,
-    /// This evaluation's reading was saturated (requests waiting behind every pod) and learned.
-    pub saturated: bool,
+    /// This evaluation's reading was a new saturated sample (requests waiting behind every pod).
+    pub sampled: bool,
     /// Prompt and generated tokens per second one replica sustains; `None` while learning.
     pub per_replica: Option<crate::capacity::Throughput>,
     /// The learned per-replica token-rate targets (`utilization × perReplica`); `None` while

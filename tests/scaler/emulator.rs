@@ -1,13 +1,14 @@
 //! A vLLM metrics emulator: serves vLLM's Prometheus exposition (on 127.0.0.1 unless told otherwise) with values the
 //! test changes while it runs, under the new (≥ 0.9.2) or old KV-cache metric name, with any
-//! number of data-parallel engines, and can misbehave (slow, garbage, HTTP 500). The end-to-end
+//! number of data-parallel engines, with token counters the test sets or that advance at a steady
+//! rate between scrapes, and can misbehave (slow, garbage, HTTP 500). The end-to-end
 //! suite uses it too (`tests/e2e/keda.rs`, through a `#[path]` module).
 
 use std::{
     fmt::Write as _,
     net::{IpAddr, Ipv4Addr, SocketAddr},
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
@@ -21,6 +22,18 @@ pub struct Engine {
     pub kv_cache: f64,
     pub generation_tokens_total: f64,
     pub prompt_tokens_total: f64,
+    /// Generated tokens per second added to `generation_tokens_total` as time passes.
+    pub generation_tokens_per_second: f64,
+    /// Prompt tokens per second added to `prompt_tokens_total` as time passes.
+    pub prompt_tokens_per_second: f64,
+}
+
+impl Engine {
+    /// Advances the counters by `seconds` at their rates.
+    fn advance(&mut self, seconds: f64) {
+        self.generation_tokens_total += self.generation_tokens_per_second * seconds;
+        self.prompt_tokens_total += self.prompt_tokens_per_second * seconds;
+    }
 }
 
 /// How the emulator answers.
@@ -39,6 +52,20 @@ struct EmuState {
     old_names: bool,
     engines: Vec<Engine>,
     behaviour: Behaviour,
+    /// When the counters were last advanced.
+    advanced: Instant,
+}
+
+impl EmuState {
+    /// Brings the counters up to now at their rates.
+    fn advance(&mut self) {
+        let now = Instant::now();
+        let seconds = now.duration_since(self.advanced).as_secs_f64();
+        self.advanced = now;
+        for e in &mut self.engines {
+            e.advance(seconds);
+        }
+    }
 }
 
 /// A running emulator; stops when dropped.
@@ -67,6 +94,7 @@ impl Emulator {
             old_names,
             engines: vec![Engine::default(); engines],
             behaviour: Behaviour::Normal,
+            advanced: Instant::now(),
         }));
         let app = Router::new()
             .route("/metrics", get(metrics))
@@ -90,9 +118,10 @@ impl Emulator {
         self.addr.to_string()
     }
 
-    /// Changes one engine's readings.
+    /// Changes one engine's readings (counters first advanced to now at the old rates).
     pub fn set(&self, engine: usize, f: impl FnOnce(&mut Engine)) {
         let mut s = self.state.lock().expect("lock");
+        s.advance();
         f(&mut s.engines[engine]);
     }
 
@@ -104,7 +133,8 @@ impl Emulator {
 
 async fn metrics(State(state): State<Arc<Mutex<EmuState>>>) -> impl IntoResponse {
     let (behaviour, body) = {
-        let s = state.lock().expect("lock");
+        let mut s = state.lock().expect("lock");
+        s.advance();
         (s.behaviour.clone(), render(&s))
     };
     match behaviour {
