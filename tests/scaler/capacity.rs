@@ -7,7 +7,7 @@ use std::time::Duration;
 use nightshift::scaler::explain::Explanation;
 
 use crate::{
-    emulator::Emulator,
+    emulator::{Behaviour, Emulator},
     harness::{NAMESPACE, ScalerUnderTest, eventually, get_metrics, scaled_object},
 };
 
@@ -209,4 +209,32 @@ async fn hand_set_token_targets_win_over_learned_ones() {
     assert!(close(generated, 0.5 * GENERATED, 0.03), "{e:?}");
     // Prompt tokens at 3000/s against the hand-set 100 per replica: 30 replicas.
     assert_eq!(e.driver.as_deref(), Some("promptTokens"));
+}
+
+#[tokio::test]
+async fn a_failed_read_stays_an_error_and_teaches_nothing() {
+    let pod = Emulator::start("llama", 1, false).await;
+    pod.set(0, |e| {
+        e.waiting = 3.0;
+        e.prompt_tokens_per_second = PROMPT;
+    });
+    pod.behave(Behaviour::ServerError);
+    let s = ScalerUnderTest::start(Duration::from_millis(10)).await;
+    let mut c = s.client().await;
+    let so = scaled_object(
+        "llama",
+        &[("endpoints", &pod.endpoint()), ("model", "llama")],
+    );
+    let e = get_metrics(&mut c, &so)
+        .await
+        .expect_err("no demand from a dead pod");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    let explained = explained(&s).expect("explained");
+    assert!(explained.error.is_some());
+    assert_eq!(explained.capacity, None);
+    assert!(
+        !s.metrics_text()
+            .contains("nightshift_scaler_learned_capacity_tokens_per_second{"),
+        "nothing learned"
+    );
 }
