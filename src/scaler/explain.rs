@@ -1,7 +1,8 @@
 //! The latest decision per ScaledObject, kept for the admin endpoint
 //! `GET /scaler/decisions[/{namespace}/{name}]`: each signal's raw value, target and ratio, and
 //! the result (or the error that was returned instead), and, for a trigger with `forecast`,
-//! what the forecast expected and whether it decided.
+//! what the forecast expected and whether it decided, and, for a trigger with learned capacity,
+//! what it learned and the targets it gave.
 
 use std::{
     sync::{Arc, Mutex},
@@ -23,7 +24,7 @@ use crate::sources::idle::{IDLE, IdleMap};
 #[derive(Clone, Debug, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TermView {
-    /// `waiting`, `running`, `kvCache`, `generationTokens` or `query`.
+    /// `waiting`, `running`, `kvCache`, `generationTokens`, `promptTokens` or `query`.
     pub signal: String,
     /// The total over pods as read from the source.
     pub raw: f64,
@@ -60,6 +61,30 @@ pub struct Explanation {
     /// The daily forecast, for a trigger with `forecast: daily`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub forecast: Option<ForecastView>,
+    /// The learned capacity, for a trigger with `capacity: learned`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<CapacityView>,
+}
+
+/// What the learned capacity did in one evaluation.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityView {
+    /// `capacityUtilization`: the fraction of the capacity a replica should carry.
+    pub utilization: f64,
+    /// Saturated readings the capacity is learned from (the most recent are kept).
+    pub samples: usize,
+    /// This evaluation's reading was a new saturated sample (requests waiting behind every pod).
+    pub sampled: bool,
+    /// Prompt and generated tokens per second one replica sustains; `None` while learning.
+    pub per_replica: Option<crate::capacity::Throughput>,
+    /// The learned per-replica token-rate targets (`utilization × perReplica`); `None` while
+    /// learning.
+    pub targets: Option<crate::capacity::Throughput>,
+    /// Token signals whose target is set by hand and used instead of the learned one.
+    pub hand_set: Vec<String>,
+    /// In words: learned from how many readings, or still learning.
+    pub state: String,
 }
 
 /// What the daily forecast did in one evaluation.
@@ -191,6 +216,7 @@ mod tests {
             activation_threshold: 0.0,
             error: None,
             forecast: None,
+            capacity: None,
         }
     }
 

@@ -1,6 +1,7 @@
 //! The scaler's own metrics: requests by RPC and status code, request latency, the last demand
 //! reported and the last demand measured per ScaledObject (they differ when a forecast decided;
-//! the forecast's rebuild after a restart reads the measured one), and the forecast rebuilds.
+//! the forecast's rebuild after a restart reads the measured one), the forecast rebuilds, and the
+//! capacity per replica learned for the ScaledObjects with learned capacity.
 
 use std::sync::atomic::AtomicU64;
 
@@ -36,6 +37,17 @@ struct ObjectLabels {
     scaled_object: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CapacityLabels {
+    namespace: String,
+    scaled_object: String,
+    /// `prompt` or `generated` tokens.
+    kind: &'static str,
+}
+
+/// The two kinds of token rate a capacity is learned for, as labelled.
+const TOKEN_KINDS: [&str; 2] = ["prompt", "generated"];
+
 fn rpc_histogram() -> Histogram {
     // 50 µs .. ~1.6 s: a cached answer takes tens of microseconds, an uncached one the
     // upstream's latency.
@@ -53,6 +65,8 @@ pub struct ScalerMetrics {
     measured: Family<ObjectLabels, Gauge<f64, AtomicU64>>,
     pods: Family<ObjectLabels, Gauge>,
     rebuilds: Family<OutcomeLabels, Counter>,
+    capacity: Family<CapacityLabels, Gauge<f64, AtomicU64>>,
+    capacity_samples: Family<ObjectLabels, Gauge>,
 }
 
 impl Default for ScalerMetrics {
@@ -64,6 +78,8 @@ impl Default for ScalerMetrics {
             measured: Family::default(),
             pods: Family::default(),
             rebuilds: Family::default(),
+            capacity: Family::default(),
+            capacity_samples: Family::default(),
         }
     }
 }
@@ -104,6 +120,60 @@ impl ScalerMetrics {
              replicas serving)",
             self.pods.clone(),
         );
+        registry.register(
+            "scaler_learned_capacity_tokens_per_second",
+            "Tokens per second one replica sustains while requests queue, learned per \
+             ScaledObject with learned capacity, by kind (prompt, generated)",
+            self.capacity.clone(),
+        );
+        registry.register(
+            "scaler_learned_capacity_samples",
+            "Saturated readings the learned capacity per ScaledObject is taken from",
+            self.capacity_samples.clone(),
+        );
+    }
+
+    /// Records the capacity per replica learned for a ScaledObject and its sample count.
+    pub fn learned_capacity(
+        &self,
+        namespace: &str,
+        name: &str,
+        per_replica: crate::capacity::Throughput,
+        samples: usize,
+    ) {
+        for (kind, value) in TOKEN_KINDS
+            .into_iter()
+            .zip([per_replica.prompt, per_replica.generated])
+        {
+            self.capacity
+                .get_or_create(&CapacityLabels {
+                    namespace: namespace.to_string(),
+                    scaled_object: name.to_string(),
+                    kind,
+                })
+                .set(value);
+        }
+        self.capacity_samples
+            .get_or_create(&ObjectLabels {
+                namespace: namespace.to_string(),
+                scaled_object: name.to_string(),
+            })
+            .set(i64::try_from(samples).unwrap_or(i64::MAX));
+    }
+
+    /// Drops the learned-capacity series of a ScaledObject.
+    pub fn forget_capacity(&self, namespace: &str, name: &str) {
+        for kind in TOKEN_KINDS {
+            self.capacity.remove(&CapacityLabels {
+                namespace: namespace.to_string(),
+                scaled_object: name.to_string(),
+                kind,
+            });
+        }
+        self.capacity_samples.remove(&ObjectLabels {
+            namespace: namespace.to_string(),
+            scaled_object: name.to_string(),
+        });
     }
 
     /// Counts one answered request.
@@ -153,6 +223,7 @@ impl ScalerMetrics {
         self.demand.remove(&labels);
         self.measured.remove(&labels);
         self.pods.remove(&labels);
+        self.forget_capacity(namespace, name);
     }
 
     /// Counts one forecast rebuild from Prometheus, `ok` or not.
@@ -181,8 +252,20 @@ mod tests {
         metrics.register(&mut registry);
         metrics.demand("team-a", "deleted", 2.0, 1.0, Some(4));
         metrics.demand("team-a", "kept", 3.0, 3.0, Some(2));
+        let learned = crate::capacity::Throughput {
+            prompt: 900.0,
+            generated: 300.0,
+        };
+        metrics.learned_capacity("team-a", "deleted", learned, 3);
+        metrics.learned_capacity("team-a", "kept", learned, 3);
         metrics.forget("team-a", "deleted");
         let text = exposition(&registry);
+        assert!(
+            text.contains(
+                "nightshift_scaler_learned_capacity_tokens_per_second{namespace=\"team-a\",scaled_object=\"kept\",kind=\"prompt\"} 900"
+            ),
+            "{text}"
+        );
         assert!(!text.contains("scaled_object=\"deleted\""), "{text}");
         assert!(text.contains("scaled_object=\"kept\""), "{text}");
     }

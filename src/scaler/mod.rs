@@ -6,6 +6,9 @@
 //!   the simulator) and keeps explanations ([`explain`]);
 //! - [`forecasts`] keeps the daily forecast of the triggers with `forecast: daily` (the pure
 //!   [`crate::forecast`] model, shared with the simulator) and rebuilds it from Prometheus;
+//! - [`capacities`] keeps the capacity per replica learned for the triggers with
+//!   `capacity: learned` (the pure [`crate::capacity`] learner, shared with the simulator), which
+//!   gives their token-rate targets;
 //! - [`service`] is the thin gRPC adapter, [`error`] the one mapping to gRPC status codes;
 //! - [`tls`] names the scaler's TLS/mTLS choices for [`crate::tls`] (reloaded from disk);
 //! - [`start`] wires it into the process.
@@ -13,6 +16,7 @@
 //! Demand is reported as a metric value of `replicas × 100` against a fixed target of 100, so the
 //! HPA's `ceil(value / target)` is the number of replicas needed.
 
+pub mod capacities;
 pub mod error;
 pub mod explain;
 pub mod forecasts;
@@ -26,12 +30,14 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
+use capacities::Capacities;
 pub use error::{Error, StartError};
 use explain::{Decisions, ErrorView, Explanation, TermView};
 use forecasts::{ForecastOptions, Forecasts};
 use metadata::{EmptyResult, Source, TriggerConfig};
 
 use crate::{
+    capacity::CapacityConfig,
     demand::{self, Signal},
     runtime::Context,
     sources::{
@@ -183,6 +189,7 @@ pub struct Scaler {
     scrape: ScrapeSource,
     decisions: Decisions,
     forecasts: Forecasts,
+    capacities: Capacities,
     metrics: metrics::ScalerMetrics,
     options: Options,
     shutdown: CancellationToken,
@@ -205,6 +212,7 @@ impl Scaler {
             scrape: ScrapeSource::new(options.cache_ttl, discovery, source_metrics, policy)?,
             decisions: Decisions::default(),
             forecasts: Forecasts::new(options.forecast.clone(), metrics.clone(), shutdown.clone()),
+            capacities: Capacities::new(CapacityConfig::default(), metrics.clone()),
             metrics,
             options,
             shutdown,
@@ -269,7 +277,11 @@ impl Scaler {
             activation_threshold: config.activation_threshold,
             error: None,
             forecast: None,
+            capacity: None,
         };
+        if config.capacity.is_none() {
+            self.capacities.forget(namespace, name);
+        }
         let measured = self.decide(&config, &mut explanation).await;
         let result = self.forecast(namespace, name, &config, measured, &mut explanation);
         match &result {
@@ -296,6 +308,7 @@ impl Scaler {
         for (namespace, name) in self.decisions.record(explanation) {
             self.metrics.forget(&namespace, &name);
             self.forecasts.forget(&namespace, &name);
+            self.capacities.forget(&namespace, &name);
         }
         result
     }
@@ -384,7 +397,17 @@ impl Scaler {
             });
         }
 
-        let wanted: Vec<Signal> = config.targets.configured().collect();
+        let mut wanted: Vec<Signal> = config.targets.configured().collect();
+        if config.capacity.is_some() {
+            // The learner reads the queue and both token rates, whatever the targets.
+            wanted.extend([
+                Signal::Waiting,
+                Signal::GenerationTokens,
+                Signal::PromptTokens,
+            ]);
+            wanted.sort();
+            wanted.dedup();
+        }
         let readings = self.read(config, &wanted, &explanation.source).await?;
         let mut totals = demand::Totals::default();
         for (signal, aggregate) in readings {
@@ -405,7 +428,8 @@ impl Scaler {
             *totals.signals.get_mut(signal) = Some(value);
         }
         explanation.pods = Some(totals.pods);
-        let decision = demand::compute(&totals, &config.targets)?;
+        let targets = self.learned_targets(config, &totals, explanation);
+        let decision = demand::compute(&totals, &targets)?;
         explanation.terms = decision
             .terms
             .iter()
@@ -423,6 +447,46 @@ impl Scaler {
             metric_value_int: decision.metric_value_int(),
             active: decision.is_active(config.activation_threshold),
         })
+    }
+
+    /// The trigger's targets for this evaluation: with learned capacity, the learner is fed
+    /// this evaluation's totals and gives the token-rate targets that are not set by hand (none
+    /// before its first saturated reading: the other signals decide meanwhile).
+    fn learned_targets(
+        &self,
+        config: &TriggerConfig,
+        totals: &demand::Totals,
+        explanation: &mut Explanation,
+    ) -> demand::Targets {
+        let mut targets = config.targets;
+        let Some(learning) = config.capacity else {
+            return targets;
+        };
+        // Every one was read (an empty one answered per `emptyResult`); NaN is ignored by the
+        // learner and refused by the demand math.
+        let total = |s: Signal| totals.signals.get(s).unwrap_or(f64::NAN);
+        let (learned, mut view) = self.capacities.learn(
+            &explanation.namespace,
+            &explanation.name,
+            learning.utilization,
+            totals.pods,
+            total(Signal::Waiting),
+            total(Signal::PromptTokens),
+            total(Signal::GenerationTokens),
+        );
+        for (signal, target) in [
+            (Signal::PromptTokens, learned.prompt_target),
+            (Signal::GenerationTokens, learned.generated_target),
+        ] {
+            let slot = targets.get_mut(signal);
+            if slot.is_some() {
+                view.hand_set.push(signal.name().to_string());
+            } else {
+                *slot = target;
+            }
+        }
+        explanation.capacity = Some(view);
+        targets
     }
 
     /// Reads the wanted signals; `None` for a signal with no series for the selection.
@@ -447,7 +511,8 @@ impl Scaler {
                 let snapshot = self.scrape.snapshot(target).await?;
                 let mut out = Vec::with_capacity(wanted.len());
                 for &signal in wanted {
-                    if signal == Signal::GenerationTokens && snapshot.rates_warming_up {
+                    let rated = matches!(signal, Signal::GenerationTokens | Signal::PromptTokens);
+                    if rated && snapshot.rates_warming_up {
                         return Err(Error::WarmingUp {
                             source_name: source_name.to_string(),
                         });

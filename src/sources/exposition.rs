@@ -38,6 +38,8 @@ pub struct ModelReadings {
     pub kv_cache: Option<f64>,
     /// Generated tokens so far, summed over engines (a counter).
     pub generation_tokens_total: Option<f64>,
+    /// Prompt tokens processed so far, summed over engines (a counter).
+    pub prompt_tokens_total: Option<f64>,
 }
 
 /// One pod's readings, per model name.
@@ -70,6 +72,7 @@ struct Acc {
     kv_new: BTreeMap<String, f64>,
     kv_old: BTreeMap<String, f64>,
     tokens: Option<f64>,
+    prompt_tokens: Option<f64>,
 }
 
 fn add(slot: &mut Option<f64>, v: f64) {
@@ -86,11 +89,16 @@ pub fn parse(text: &str, matchers: &[(String, String)]) -> Result<PodReadings, E
     };
     let mut models: BTreeMap<String, Acc> = BTreeMap::new();
     for metric in &scrape.metrics {
-        let name = metric.name.as_str();
+        // OpenMetrics names a counter's family without `_total`; both forms are read.
+        let name = match metric.name.as_str() {
+            n if n == GENERATION_TOKENS.trim_end_matches("_total") => GENERATION_TOKENS,
+            n if n == PROMPT_TOKENS.trim_end_matches("_total") => PROMPT_TOKENS,
+            n => n,
+        };
         let known = matches!(
             name,
-            WAITING | RUNNING | KV_CACHE | KV_CACHE_OLD | GENERATION_TOKENS
-        ) || name == GENERATION_TOKENS.trim_end_matches("_total");
+            WAITING | RUNNING | KV_CACHE | KV_CACHE_OLD | GENERATION_TOKENS | PROMPT_TOKENS
+        );
         if !known {
             continue;
         }
@@ -131,6 +139,7 @@ pub fn parse(text: &str, matchers: &[(String, String)]) -> Result<PodReadings, E
                 KV_CACHE_OLD => {
                     *acc.kv_old.entry(engine).or_default() += value;
                 }
+                PROMPT_TOKENS => add(&mut acc.prompt_tokens, value),
                 _ => add(&mut acc.tokens, value),
             }
         }
@@ -149,6 +158,7 @@ pub fn parse(text: &str, matchers: &[(String, String)]) -> Result<PodReadings, E
                     running: acc.running,
                     kv_cache,
                     generation_tokens_total: acc.tokens,
+                    prompt_tokens_total: acc.prompt_tokens,
                 },
             )
         })
@@ -179,6 +189,13 @@ vllm:generation_tokens_total{engine="1",model_name="llama"} 500.0
 # HELP vllm:generation_tokens_created Number of generation tokens processed.
 # TYPE vllm:generation_tokens_created gauge
 vllm:generation_tokens_created{engine="0",model_name="llama"} 1.7e+09
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="llama"} 7000.0
+vllm:prompt_tokens_total{engine="1",model_name="llama"} 2000.0
+# HELP vllm:prompt_tokens_created Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_created gauge
+vllm:prompt_tokens_created{engine="0",model_name="llama"} 1.7e+09
 # HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
 # TYPE vllm:time_to_first_token_seconds histogram
 vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="llama"} 0.0
@@ -206,6 +223,29 @@ vllm:num_requests_waiting{model_name="qwen"} 2.0
         assert_eq!(llama.running, Some(7.0));
         assert_eq!(llama.kv_cache, Some(0.375));
         assert_eq!(llama.generation_tokens_total, Some(1500.0));
+        assert_eq!(llama.prompt_tokens_total, Some(9000.0));
+    }
+
+    #[test]
+    fn token_counters_are_read_under_their_openmetrics_family_names_too() {
+        // Counters exposed under their family names, without `_total`.
+        let text = "# TYPE vllm:prompt_tokens counter\n\
+                    vllm:prompt_tokens{model_name=\"m\"} 40.0\n\
+                    # TYPE vllm:generation_tokens counter\n\
+                    vllm:generation_tokens{model_name=\"m\"} 4.0\n";
+        let m = &parse(text, &[]).expect("parses")["m"];
+        assert_eq!(m.prompt_tokens_total, Some(40.0));
+        assert_eq!(m.generation_tokens_total, Some(4.0));
+        assert_eq!(m.waiting, None);
+    }
+
+    #[test]
+    fn prompt_and_generated_counters_never_mix() {
+        let text = "# TYPE vllm:prompt_tokens_total counter\n\
+                    vllm:prompt_tokens_total{model_name=\"m\"} 12.0\n";
+        let m = &parse(text, &[]).expect("parses")["m"];
+        assert_eq!(m.prompt_tokens_total, Some(12.0));
+        assert_eq!(m.generation_tokens_total, None);
     }
 
     #[test]

@@ -423,6 +423,10 @@ mod tests {
             family_query(Signal::GenerationTokens, &l, "2m"),
             r#"sum by (namespace, model_name, pod) (rate(vllm:generation_tokens_total{job="vllm \"x\""}[2m]))"#
         );
+        assert_eq!(
+            family_query(Signal::PromptTokens, &l, "90s"),
+            r#"sum by (namespace, model_name, pod) (rate(vllm:prompt_tokens_total{job="vllm \"x\""}[90s]))"#
+        );
     }
 
     #[test]

@@ -83,9 +83,22 @@ pub struct Snapshot {
     pub rates_warming_up: bool,
 }
 
-/// Token-counter histories per target, keyed by (pod address, model); a target no
-/// ScaledObject has read for [`IDLE`] is forgotten.
-type RateBook = Mutex<IdleMap<Target, CounterRates<(String, String)>>>;
+/// The token counters a pod exposes, each rated on its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Counter {
+    /// `vllm:generation_tokens_total`.
+    Generated,
+    /// `vllm:prompt_tokens_total`.
+    Prompt,
+}
+
+/// One counter series: (pod address, model, which counter). The counter is part of the id so
+/// that the two counters of one pod never share a history.
+type CounterId = (String, String, Counter);
+
+/// Token-counter histories per target, keyed by [`CounterId`]; a target no ScaledObject has
+/// read for [`IDLE`] is forgotten.
+type RateBook = Mutex<IdleMap<Target, CounterRates<CounterId>>>;
 
 /// Scrapes pods and remembers counter histories per target.
 pub struct ScrapeSource {
@@ -264,7 +277,10 @@ fn summarise(
                 kv.push((key(model), v));
             }
             if let Some(v) = r.generation_tokens_total {
-                counters.push(((ep.address.clone(), model.clone()), v));
+                counters.push(((ep.address.clone(), model.clone(), Counter::Generated), v));
+            }
+            if let Some(v) = r.prompt_tokens_total {
+                counters.push(((ep.address.clone(), model.clone(), Counter::Prompt), v));
             }
         }
     }
@@ -272,18 +288,24 @@ fn summarise(
     let tracker =
         all_rates.use_or_insert_with(target.clone(), Instant::now(), || CounterRates::new(window));
     tracker.observe(now, counters.iter().cloned());
-    let token_rates: Vec<(ModelKey, f64)> = counters
-        .iter()
-        .filter_map(|(id, _)| tracker.rate(id).map(|r| (key(&id.1), r)))
-        .collect();
-    let rates_warming_up = !counters.is_empty() && token_rates.is_empty();
+    let rates_of = |counter: Counter| -> Vec<(ModelKey, f64)> {
+        counters
+            .iter()
+            .filter(|(id, _)| id.2 == counter)
+            .filter_map(|(id, _)| tracker.rate(id).map(|r| (key(&id.1), r)))
+            .collect()
+    };
+    let generated = rates_of(Counter::Generated);
+    let prompt = rates_of(Counter::Prompt);
+    // Both counters of a pod are first seen in the same pass, so they warm up together.
+    let rates_warming_up = !counters.is_empty() && generated.is_empty() && prompt.is_empty();
     Snapshot {
         families: PerSignal {
             waiting: FamilyIndex::from_pod_values(waiting),
             running: FamilyIndex::from_pod_values(running),
             kv_cache: FamilyIndex::from_pod_values(kv),
-            generation_tokens: FamilyIndex::from_pod_values(token_rates),
-            prompt_tokens: FamilyIndex::default(),
+            generation_tokens: FamilyIndex::from_pod_values(generated),
+            prompt_tokens: FamilyIndex::from_pod_values(prompt),
         },
         pods: pods.len(),
         rates_warming_up,
@@ -377,9 +399,17 @@ mod tests {
                 running: Some(1.0),
                 kv_cache: Some(kv),
                 generation_tokens_total: Some(tokens),
+                prompt_tokens_total: None,
             },
         );
         r
+    }
+
+    fn with_prompt(mut pod: PodReadings, model: &str, prompt: f64) -> PodReadings {
+        if let Some(r) = pod.get_mut(model) {
+            r.prompt_tokens_total = Some(prompt);
+        }
+        pod
     }
 
     fn target() -> Target {
@@ -451,5 +481,70 @@ mod tests {
             .select(&all())
             .expect("rates");
         assert_eq!(g.total, 4.0 + 20.0);
+    }
+
+    #[test]
+    fn prompt_tokens_are_rated_on_their_own_counter() {
+        let rates = Mutex::new(IdleMap::new(IDLE));
+        let a = Endpoint {
+            address: "a:1".into(),
+            name: "a".into(),
+        };
+        let t = target();
+        let first = summarise(
+            &t,
+            &[(&a, with_prompt(readings("m", 0.0, 0.1, 100.0), "m", 5000.0))],
+            &rates,
+            30.0,
+            0.0,
+        );
+        assert!(first.rates_warming_up);
+        assert_eq!(first.families.prompt_tokens.select(&all()), None);
+        let second = summarise(
+            &t,
+            &[(&a, with_prompt(readings("m", 0.0, 0.1, 300.0), "m", 9000.0))],
+            &rates,
+            30.0,
+            10.0,
+        );
+        assert!(!second.rates_warming_up);
+        let p = second.families.prompt_tokens.select(&all()).expect("rate");
+        let g = second
+            .families
+            .generation_tokens
+            .select(&all())
+            .expect("rate");
+        assert_eq!((p.total, p.pods), (400.0, 1));
+        assert_eq!((g.total, g.pods), (20.0, 1));
+    }
+
+    #[test]
+    fn prompt_tokens_alone_warm_up_and_rate() {
+        let rates = Mutex::new(IdleMap::new(IDLE));
+        let a = Endpoint {
+            address: "a:1".into(),
+            name: "a".into(),
+        };
+        let only_prompt = |v: f64| {
+            let mut r = PodReadings::new();
+            r.insert(
+                "m".into(),
+                ModelReadings {
+                    waiting: Some(0.0),
+                    prompt_tokens_total: Some(v),
+                    ..ModelReadings::default()
+                },
+            );
+            r
+        };
+        let t = target();
+        let first = summarise(&t, &[(&a, only_prompt(100.0))], &rates, 30.0, 0.0);
+        assert!(first.rates_warming_up);
+        let second = summarise(&t, &[(&a, only_prompt(50.0))], &rates, 30.0, 5.0);
+        assert!(!second.rates_warming_up);
+        // A reset counts from zero, as for generated tokens.
+        let p = second.families.prompt_tokens.select(&all()).expect("rate");
+        assert_eq!(p.total, 10.0);
+        assert_eq!(second.families.generation_tokens.select(&all()), None);
     }
 }

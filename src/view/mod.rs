@@ -335,6 +335,7 @@ mod tests {
             activation_threshold: 0.0,
             error: None,
             forecast: None,
+            capacity: None,
         }
     }
 

@@ -456,8 +456,12 @@ fn example_scaled_object_metadata_parses_with_the_scalers_parser() {
     let Some(ws) = Workspace::new() else { return };
     for (namespace, name, metadata) in example_scaler_requests(&ws) {
         let raw: std::collections::HashMap<String, String> = metadata.into_iter().collect();
-        if let Err(e) = nightshift::scaler::metadata::parse(&raw, &namespace) {
-            panic!("{namespace}/{name}: {e}");
+        match nightshift::scaler::metadata::parse(&raw, &namespace) {
+            Ok(config) => assert!(
+                config.capacity.is_some(),
+                "{namespace}/{name}: the examples learn their token capacity"
+            ),
+            Err(e) => panic!("{namespace}/{name}: {e}"),
         }
     }
 }

@@ -1,13 +1,14 @@
 //! A vLLM metrics emulator: serves vLLM's Prometheus exposition (on 127.0.0.1 unless told otherwise) with values the
 //! test changes while it runs, under the new (≥ 0.9.2) or old KV-cache metric name, with any
-//! number of data-parallel engines, and can misbehave (slow, garbage, HTTP 500). The end-to-end
+//! number of data-parallel engines, with token counters the test sets or that advance at a steady
+//! rate between scrapes, and can misbehave (slow, garbage, HTTP 500). The end-to-end
 //! suite uses it too (`tests/e2e/keda.rs`, through a `#[path]` module).
 
 use std::{
     fmt::Write as _,
     net::{IpAddr, Ipv4Addr, SocketAddr},
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
@@ -20,6 +21,19 @@ pub struct Engine {
     pub running: f64,
     pub kv_cache: f64,
     pub generation_tokens_total: f64,
+    pub prompt_tokens_total: f64,
+    /// Generated tokens per second added to `generation_tokens_total` as time passes.
+    pub generation_tokens_per_second: f64,
+    /// Prompt tokens per second added to `prompt_tokens_total` as time passes.
+    pub prompt_tokens_per_second: f64,
+}
+
+impl Engine {
+    /// Advances the counters by `seconds` at their rates.
+    fn advance(&mut self, seconds: f64) {
+        self.generation_tokens_total += self.generation_tokens_per_second * seconds;
+        self.prompt_tokens_total += self.prompt_tokens_per_second * seconds;
+    }
 }
 
 /// How the emulator answers.
@@ -38,6 +52,20 @@ struct EmuState {
     old_names: bool,
     engines: Vec<Engine>,
     behaviour: Behaviour,
+    /// When the counters were last advanced.
+    advanced: Instant,
+}
+
+impl EmuState {
+    /// Brings the counters up to now at their rates.
+    fn advance(&mut self) {
+        let now = Instant::now();
+        let seconds = now.duration_since(self.advanced).as_secs_f64();
+        self.advanced = now;
+        for e in &mut self.engines {
+            e.advance(seconds);
+        }
+    }
 }
 
 /// A running emulator; stops when dropped.
@@ -66,6 +94,7 @@ impl Emulator {
             old_names,
             engines: vec![Engine::default(); engines],
             behaviour: Behaviour::Normal,
+            advanced: Instant::now(),
         }));
         let app = Router::new()
             .route("/metrics", get(metrics))
@@ -89,9 +118,10 @@ impl Emulator {
         self.addr.to_string()
     }
 
-    /// Changes one engine's readings.
+    /// Changes one engine's readings (counters first advanced to now at the old rates).
     pub fn set(&self, engine: usize, f: impl FnOnce(&mut Engine)) {
         let mut s = self.state.lock().expect("lock");
+        s.advance();
         f(&mut s.engines[engine]);
     }
 
@@ -103,7 +133,8 @@ impl Emulator {
 
 async fn metrics(State(state): State<Arc<Mutex<EmuState>>>) -> impl IntoResponse {
     let (behaviour, body) = {
-        let s = state.lock().expect("lock");
+        let mut s = state.lock().expect("lock");
+        s.advance();
         (s.behaviour.clone(), render(&s))
     };
     match behaviour {
@@ -133,12 +164,15 @@ fn render(s: &EmuState) -> String {
     } else {
         "vllm:kv_cache_usage_perc"
     };
-    let families: [(&str, &str, Reading); 4] = [
+    let families: [(&str, &str, Reading); 5] = [
         ("vllm:num_requests_running", "gauge", |e| e.running),
         ("vllm:num_requests_waiting", "gauge", |e| e.waiting),
         (kv_name, "gauge", |e| e.kv_cache),
         ("vllm:generation_tokens_total", "counter", |e| {
             e.generation_tokens_total
+        }),
+        ("vllm:prompt_tokens_total", "counter", |e| {
+            e.prompt_tokens_total
         }),
     ];
     for (name, kind, get) in families {

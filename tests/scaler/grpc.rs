@@ -158,6 +158,49 @@ async fn generation_token_rates_come_from_counters() {
 }
 
 #[tokio::test]
+async fn prompt_token_rates_come_from_their_own_counters() {
+    let pod = Emulator::start("llama", 2, false).await;
+    let s = ScalerUnderTest::start(Duration::from_millis(50)).await;
+    let c = s.client().await;
+    let so = scrape_trigger(
+        &pod.endpoint(),
+        &[("promptTokensTarget", "1000"), ("rateWindow", "1s")],
+    );
+    // Each engine reads 4000 prompt tokens/s and generates 10/s: 8000 prompt tokens/s for the
+    // pod, which the generated counter must not dilute.
+    let start = std::time::Instant::now();
+    let bump = || {
+        let t = start.elapsed().as_secs_f64();
+        for engine in 0..2 {
+            pod.set(engine, |e| {
+                e.prompt_tokens_total = 4000.0 * t;
+                e.generation_tokens_total = 10.0 * t;
+            });
+        }
+    };
+    eventually(Duration::from_secs(15), "a prompt rate near 8000/s", || {
+        bump();
+        let (mut c, so) = (c.clone(), so.clone());
+        async move {
+            let v = get_metrics(&mut c, &so).await.ok()?;
+            // 8000 tokens/s over a target of 1000 → 8 replicas → 800.
+            (v.metric_value_float > 700.0 && v.metric_value_float < 900.0).then_some(())
+        }
+    })
+    .await;
+    let explained = s
+        .scaler
+        .decisions()
+        .get("team-a", "llama")
+        .expect("explained");
+    assert_eq!(explained.driver.as_deref(), Some("promptTokens"));
+    assert!(
+        explained.terms.iter().any(|t| t.signal == "promptTokens"),
+        "{explained:?}"
+    );
+}
+
+#[tokio::test]
 async fn is_active_respects_the_activation_threshold() {
     let pod = Emulator::start("llama", 1, false).await;
     pod.set(0, |e| e.waiting = 3.0);

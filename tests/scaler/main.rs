@@ -1,6 +1,7 @@
 //! Integration tests of the KEDA external scaler: real gRPC on loopback, a vLLM-metrics
 //! emulator, a counting Prometheus stand-in, a real Prometheus, TLS with generated certificates.
 
+mod capacity;
 mod emulator;
 mod fake_prometheus;
 mod forecast;

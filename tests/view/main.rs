@@ -51,6 +51,7 @@ fn decision(at: Timestamp, demand: f64) -> Explanation {
         activation_threshold: 0.0,
         error: None,
         forecast: None,
+        capacity: None,
     }
 }
 

@@ -182,8 +182,8 @@ pub const KEYS: &[Key] = &[
     key(
         "waitingTarget",
         All,
-        Unset,
-        "waiting requests per replica (set at least one target, or `query`)",
+        Described("`5` with learned capacity"),
+        "waiting requests per replica",
     ),
     key("runningTarget", All, Unset, "running requests per replica"),
     key(
@@ -203,6 +203,20 @@ pub const KEYS: &[Key] = &[
         All,
         Unset,
         "prompt tokens/s per replica",
+    ),
+    key(
+        "capacity",
+        All,
+        Described("`learned` without targets and `query`, else `off`"),
+        "`learned`: token-rate targets from the capacity per replica the scaler learns from the \
+         service's own metrics while requests queue (see Learned capacity; targets set by hand \
+         win); `off`: set targets by hand",
+    ),
+    key(
+        "capacityUtilization",
+        All,
+        Described("`0.6` (with learned capacity)"),
+        "fraction (0–1] of the learned capacity per replica to scale token rates against",
     ),
     key(
         "query",
@@ -349,6 +363,22 @@ mod tests {
             let key = find(source.key()).expect("source keys are in the table");
             assert!(key.applies.includes(source), "{}", key.name);
         }
+    }
+
+    #[test]
+    fn documented_learned_defaults_are_the_constants() {
+        let documented = |name: &str| match find(name).map(|k| k.default) {
+            Some(KeyDefault::Described(d)) => d,
+            other => panic!("{name}: {other:?}"),
+        };
+        assert!(
+            documented("capacityUtilization")
+                .starts_with(&format!("`{}`", crate::demand::DEFAULT_UTILIZATION))
+        );
+        assert!(
+            documented("waitingTarget")
+                .starts_with(&format!("`{}`", super::super::LEARNED_WAITING_TARGET))
+        );
     }
 
     /// The table in `docs/scaler.md` is the rendered [`KEYS`]. `NIGHTSHIFT_BLESS=1` rewrites it.

@@ -13,7 +13,7 @@ use std::{collections::HashMap, time::Duration};
 use keys::SourceKind;
 
 use crate::{
-    demand::{Signal, Targets},
+    demand::{DEFAULT_UTILIZATION, Signal, Targets},
     sources::{
         Selection,
         prometheus::{Auth, Labels, Server},
@@ -39,6 +39,11 @@ pub const DEFAULT_FORECAST_LEAD: Duration = Duration::from_secs(180);
 /// Upper bound accepted for `forecastLead`: looking further ahead holds replicas for a ramp an
 /// hour away, which is lending capacity to nobody; no replica starts that slowly.
 const MAX_FORECAST_LEAD: Duration = Duration::from_secs(3600);
+
+/// `waitingTarget` of a trigger with learned capacity that sets none: vLLM production-stack's
+/// default of 5 waiting requests per replica, so the service scales on its queue before any
+/// capacity is learned (which is what produces the first saturated samples).
+pub const LEARNED_WAITING_TARGET: f64 = 5.0;
 
 /// Keys KEDA reads for its own connection to the scaler; they reach us too and are ignored.
 const KEDA_KEYS: &[&str] = &[
@@ -88,6 +93,17 @@ pub struct TriggerConfig {
     pub rate_window: Duration,
     /// The daily forecast, when `forecast: daily`.
     pub forecast: Option<Forecast>,
+    /// Token targets learned from the service's own metrics, when `capacity: learned` (the
+    /// default of a trigger without targets and `query`).
+    pub capacity: Option<LearnedCapacity>,
+}
+
+/// A trigger's learned capacity: its token-rate targets are `utilization ×` the per-replica
+/// capacity the scaler learns (see [`crate::capacity`]); targets set by hand win.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LearnedCapacity {
+    /// `capacityUtilization`, in (0, 1].
+    pub utilization: f64,
 }
 
 /// The `forecast` signal of a trigger: report max(measured, the demand the service's daily
@@ -138,6 +154,7 @@ pub fn parse(
             activation_threshold: demand.activation_threshold,
             empty_result: demand.empty_result,
             forecast,
+            capacity: demand.capacity,
         }),
         _ => Err(r.into_error()),
     }
@@ -338,6 +355,7 @@ struct Demand {
     query: Option<RawQuery>,
     activation_threshold: f64,
     empty_result: EmptyResult,
+    capacity: Option<LearnedCapacity>,
 }
 
 fn demand(r: &mut Reader<'_>) -> Demand {
@@ -358,25 +376,75 @@ fn demand(r: &mut Reader<'_>) -> Demand {
     if r.text("query").is_some() && any_target {
         r.bad(
             "query",
-            "replaces the signal targets; remove waitingTarget/runningTarget/kvCacheTarget/generationTokensTarget",
+            "replaces the signal targets; remove waitingTarget/runningTarget/kvCacheTarget/generationTokensTarget/promptTokensTarget",
         );
     }
     // A target key that already has a problem (malformed, misspelled, misplaced) says what is
     // wrong; asking for a target on top of it would only repeat it.
     let target_problem = r.problems.iter().any(|(key, _)| key.ends_with("Target"));
-    if r.text("query").is_none() && !any_target && !target_problem {
+    let capacity = capacity(r, any_target || target_problem);
+    if r.text("query").is_none() && !any_target && !target_problem && capacity.is_none() {
         let keys: Vec<&str> = Signal::ALL.map(Signal::target_key).to_vec();
         r.bad(
             &keys.join(", "),
-            "set at least one per-replica target (or query with queryTarget)",
+            "set at least one per-replica target, capacity: learned, or query with queryTarget",
         );
+    }
+    if capacity.is_some() && targets.waiting.is_none() {
+        targets.waiting = Some(LEARNED_WAITING_TARGET);
     }
     Demand {
         targets,
         query,
         activation_threshold: r.non_negative("activationThreshold", 0.0),
         empty_result: empty_result(r),
+        capacity,
     }
+}
+
+/// `capacity` and its `capacityUtilization`. Unset, capacity is learned when the trigger sets
+/// no target (`has_targets` false) and no `query`: the default trigger needs no per-model
+/// numbers.
+fn capacity(r: &mut Reader<'_>, has_targets: bool) -> Option<LearnedCapacity> {
+    let query = r.text("query").is_some();
+    let learned = match r.text("capacity") {
+        None => !has_targets && !query,
+        Some(v) if v.eq_ignore_ascii_case("learned") => {
+            if query {
+                r.bad(
+                    "capacity",
+                    "learned does not apply with query (a raw query has no token rates)",
+                );
+            }
+            !query
+        }
+        Some(v) if v.eq_ignore_ascii_case("off") => false,
+        Some(v) => {
+            r.bad("capacity", format!("{v:?} must be learned or off"));
+            // Its problem is the one to report, not a missing target.
+            return None;
+        }
+    };
+    let utilization = match r.text("capacityUtilization") {
+        None => DEFAULT_UTILIZATION,
+        Some(raw) => match raw.parse::<f64>() {
+            Ok(u) if u.is_finite() && u > 0.0 && u <= 1.0 => u,
+            _ => {
+                r.bad(
+                    "capacityUtilization",
+                    format!("{raw:?} must be a fraction above 0 and at most 1"),
+                );
+                DEFAULT_UTILIZATION
+            }
+        },
+    };
+    if !learned && r.text("capacityUtilization").is_some() {
+        r.bad(
+            "capacityUtilization",
+            "only applies with capacity: learned (the default without targets or query)",
+        );
+    }
+    learned.then_some(LearnedCapacity { utilization })
 }
 
 /// `query` with its `queryTarget`; each is a problem without the other.
@@ -833,6 +901,35 @@ mod tests {
             (&[("waitngTarget", "5")], "waitngTarget: unknown key"),
             (&[("WaitingTarget", "5")], "did you mean waitingTarget?"),
             (&[("service", "svc")], "serverAddress, service"),
+            (
+                &[("capacity", "sometimes")],
+                "capacity: \"sometimes\" must be learned or off",
+            ),
+            (
+                &[("capacityUtilization", "0.5")],
+                "capacityUtilization: only applies",
+            ),
+            (
+                &[("capacity", "learned"), ("capacityUtilization", "0")],
+                "capacityUtilization",
+            ),
+            (
+                &[("capacity", "learned"), ("capacityUtilization", "1.5")],
+                "capacityUtilization",
+            ),
+            (
+                &[("capacity", "learned"), ("capacityUtilization", "most")],
+                "capacityUtilization",
+            ),
+            (
+                &[
+                    ("waitingTarget", ""),
+                    ("query", "sum(x)"),
+                    ("queryTarget", "3"),
+                    ("capacity", "learned"),
+                ],
+                "capacity: learned does not apply with query",
+            ),
         ];
         for (overrides, expected) in cases {
             let mut m = meta(&base);
@@ -893,7 +990,10 @@ mod tests {
                 &[("endpoints", "a:1"), ("query", "up"), ("queryTarget", "1")],
                 "query",
             ),
-            (&[("endpoints", "a:1")], "at least one per-replica target"),
+            (
+                &[("endpoints", "a:1"), ("capacity", "off")],
+                "at least one per-replica target",
+            ),
             (&[("waitingTarget", "1")], "one is required"),
         ];
         for (pairs, expected) in cases {
@@ -947,5 +1047,46 @@ mod tests {
             e.contains("waitingTarget") && e.contains("timeout") && e.contains("foo"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn capacity_is_learned_by_default_without_targets() {
+        let c = ok(&[("service", "llama-vllm")]);
+        assert_eq!(
+            c.capacity,
+            Some(LearnedCapacity {
+                utilization: DEFAULT_UTILIZATION
+            })
+        );
+        assert_eq!(c.targets.waiting, Some(LEARNED_WAITING_TARGET));
+        assert_eq!(c.targets.generation_tokens, None);
+        assert_eq!(c.targets.prompt_tokens, None);
+
+        // Targets set by hand: nothing learned unless asked for.
+        let hand = ok(&[("service", "llama-vllm"), ("waitingTarget", "3")]);
+        assert_eq!(hand.capacity, None);
+
+        // Asked for beside other targets, with its own utilization and waiting target.
+        let both = ok(&[
+            ("service", "llama-vllm"),
+            ("capacity", "Learned"),
+            ("capacityUtilization", "0.8"),
+            ("waitingTarget", "2"),
+            ("promptTokensTarget", "9000"),
+        ]);
+        assert_eq!(both.capacity, Some(LearnedCapacity { utilization: 0.8 }));
+        assert_eq!(both.targets.waiting, Some(2.0));
+        assert_eq!(both.targets.prompt_tokens, Some(9000.0));
+
+        // A raw query learns nothing; `capacity: off` with no target is a missing target.
+        let query = ok(&[
+            ("serverAddress", "http://prom:9090"),
+            ("query", "sum(x)"),
+            ("queryTarget", "2"),
+        ]);
+        assert_eq!(query.capacity, None);
+        assert_eq!(query.targets.waiting, None);
+        let e = err(&[("service", "llama-vllm"), ("capacity", "off")]);
+        assert!(e.contains("capacity: learned, or query"), "{e}");
     }
 }
