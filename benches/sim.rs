@@ -1,6 +1,6 @@
 //! Times the default scenario (7 simulated days, 64 GPUs, the Azure conversation trace shaped by
-//! the default envelope, four policies) end to end. One timed run per iteration: a run takes
-//! seconds, far above timer noise, so no statistics harness is needed.
+//! the default envelope, every policy and the honest ceiling) end to end. One timed run per
+//! iteration: a run takes seconds, far above timer noise, so no statistics harness is needed.
 //!
 //! `cargo bench --bench sim` (set `NIGHTSHIFT_SIM_BENCH_RUNS` for more runs).
 

@@ -280,7 +280,7 @@ pub struct RunOutcome {
     pub timeline: Vec<MinutePoint>,
     pub ideal_idle_gpu_hours: f64,
     pub pool_gpu_hours: f64,
-    pub decisions: Vec<(Totals, Decision)>,
+    pub decisions: Vec<(Totals, Targets, Decision)>,
 }
 
 impl RunOutcome {
@@ -384,7 +384,7 @@ struct PolicyRun<'a> {
     shape: Option<DailyShape>,
 
     result: RunSummary,
-    decisions: Vec<(Totals, Decision)>,
+    decisions: Vec<(Totals, Targets, Decision)>,
     timeline: Vec<MinutePoint>,
     minute: OpenMinute,
     ideal_idle_gpu_hours: f64,
@@ -636,7 +636,8 @@ impl<'a> PolicyRun<'a> {
                             Some(shape) => {
                                 shape.observe(t1, decision.replicas);
                                 let expected = shape.expected(t1, ns.forecast_lead_s);
-                                let (replicas, decided) = with_forecast(decision.replicas, expected);
+                                let (replicas, decided) =
+                                    with_forecast(decision.replicas, expected);
                                 if decided {
                                     self.result.forecast_decisions += 1;
                                 }
@@ -646,7 +647,7 @@ impl<'a> PolicyRun<'a> {
                         };
                         self.fresh_demand = Some(replicas);
                         if self.record_decisions {
-                            self.decisions.push((totals, decision));
+                            self.decisions.push((totals, targets, decision));
                         }
                         Some(value)
                     }
@@ -969,13 +970,18 @@ mod tests {
         let out = small_run(ScalingPolicy::Nightshift, true);
         assert!(out.decisions.len() > 100, "{}", out.decisions.len());
         assert_eq!(out.result.demand_calls as usize, out.decisions.len());
-        let targets = Scenario::default().policies.nightshift.targets();
-        for (totals, decision) in &out.decisions {
+        let hand_set = Scenario::default().policies.nightshift.targets();
+        for (totals, targets, decision) in &out.decisions {
             // Re-deciding with the scaler's own function gives the same answer: the simulator
             // did not use a copy that could drift.
-            assert_eq!(&demand::compute(totals, &targets).expect("valid"), decision);
+            assert_eq!(&demand::compute(totals, targets).expect("valid"), decision);
+            // Learned token targets only fill what the scenario does not set by hand.
+            assert_eq!(targets.waiting, hand_set.waiting);
         }
-        assert!(out.decisions.iter().any(|(_, d)| d.replicas > 0.0));
+        // A light steady load never queues: nothing learned, the queue alone decides.
+        assert!(out.decisions.iter().all(|(_, t, d)| {
+            t.generation_tokens.is_none() && d.terms.len() == 1 && d.replicas == 0.0
+        }));
     }
 
     #[test]
