@@ -361,8 +361,16 @@ mod tests {
         assert_eq!(weekly.at(3600.0), 2.0);
         assert_eq!(weekly.at(5.0 * 86_400.0 + 3600.0), 1.0);
         assert_eq!(weekly.at(13.0 * 86_400.0), 0.5);
-        assert!(Envelope::new(&[1.0; 24]).and_then(|e| e.with_weekly(&[1.0; 6])).is_err());
-        assert!(Envelope::new(&[1.0; 24]).and_then(|e| e.with_weekly(&[0.0; 7])).is_err());
+        assert!(
+            Envelope::new(&[1.0; 24])
+                .and_then(|e| e.with_weekly(&[1.0; 6]))
+                .is_err()
+        );
+        assert!(
+            Envelope::new(&[1.0; 24])
+                .and_then(|e| e.with_weekly(&[0.0; 7]))
+                .is_err()
+        );
         hourly[5] = 0.0;
         assert!(Envelope::new(&hourly).is_err());
     }
