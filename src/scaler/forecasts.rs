@@ -31,14 +31,13 @@ use std::{
 };
 
 use jiff::Timestamp;
-use prometheus_http_query::response::Data;
 use tokio_util::sync::CancellationToken;
 
 use super::{explain::ForecastView, metrics::MEASURED_DEMAND, metrics::ScalerMetrics};
 use crate::{
     admin::METRICS_PREFIX,
     forecast::{DailyShape, ForecastConfig, with_forecast},
-    sources::prometheus::{Auth, Server, build_client},
+    sources::history::{HistoryError, HistoryReader},
 };
 
 /// Bound on one rebuild: a healthy Prometheus answers a 14-day range query of one series at
@@ -108,19 +107,8 @@ impl Default for ForecastOptions {
 /// Why a rebuild failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RebuildError {
-    #[error("cannot query Prometheus at {address}: {detail}")]
-    Client { address: String, detail: String },
-    #[error("Prometheus at {address} did not answer within {after:?}")]
-    Timeout { address: String, after: Duration },
-    #[error("Prometheus at {address} failed the query {query:?}: {source}")]
-    Query {
-        address: String,
-        query: String,
-        #[source]
-        source: prometheus_http_query::Error,
-    },
-    #[error("Prometheus at {address} answered the range query {query:?} with no matrix")]
-    NotMatrix { address: String, query: String },
+    #[error(transparent)]
+    History(#[from] HistoryError),
     #[error("the scaler is shutting down")]
     ShuttingDown,
 }
@@ -332,7 +320,7 @@ fn quote(s: &str) -> String {
 }
 
 /// Reads the last `days_kept` days before `now` of the ScaledObject's measured demand: (time in
-/// the bucket, replicas) pairs, unusable values left out (the shape ignores them anyway).
+/// the bucket, replicas) pairs. An unusable value fails the rebuild, as for the view's.
 async fn read_history(
     address: &str,
     (namespace, name): &Key,
@@ -341,49 +329,23 @@ async fn read_history(
     timeout: Duration,
 ) -> Result<Vec<(f64, f64)>, RebuildError> {
     let config = config.sanitized();
-    let server = Server {
-        address: address.to_string(),
-        auth: Auth::None,
-        headers: Vec::new(),
-        ca_cert: None,
-        unsafe_ssl: false,
-        timeout,
-    };
-    let client = build_client(&server).map_err(|e| RebuildError::Client {
-        address: address.to_string(),
-        detail: e.to_string(),
-    })?;
+    let reader = HistoryReader::new(address, timeout)?;
     let query = history_query(namespace, name, config.bucket_s);
     let step = config.bucket_s.round().max(1.0) as i64;
     // Each point at t covers (t - step, t]: aligned on buckets, the bucket that ends at t.
     let end = now.as_second().div_euclid(step) * step;
     let start = end - config.days_kept as i64 * 86_400 + step;
-    let answer = tokio::time::timeout(
-        timeout,
-        client.query_range(&query, start, end, step as f64).get(),
-    )
-    .await
-    .map_err(|_| RebuildError::Timeout {
-        address: address.to_string(),
-        after: timeout,
-    })?
-    .map_err(|source| RebuildError::Query {
-        address: address.to_string(),
-        query: query.clone(),
-        source,
-    })?;
-    let Data::Matrix(matrix) = answer.into_inner().0 else {
-        return Err(RebuildError::NotMatrix {
+    let series = tokio::time::timeout(timeout, reader.range(&query, start, end, step))
+        .await
+        .map_err(|_| HistoryError::Timeout {
             address: address.to_string(),
-            query,
-        });
-    };
+            after: timeout,
+        })??;
     let half = step as f64 / 2.0;
-    Ok(matrix
+    Ok(series
         .into_iter()
-        .flat_map(|series| series.into_inner().1)
-        .map(|s| (s.timestamp() - half, s.value()))
-        .filter(|(t, v)| t.is_finite() && v.is_finite() && *v >= 0.0)
+        .flat_map(|(_, values)| values)
+        .map(|(t, v)| (t as f64 - half, v))
         .collect())
 }
 

@@ -10,6 +10,7 @@
 pub mod cache;
 pub mod discovery;
 pub mod exposition;
+pub mod history;
 pub mod idle;
 pub mod metrics;
 pub mod policy;

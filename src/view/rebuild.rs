@@ -14,45 +14,19 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use jiff::Timestamp;
-use prometheus_http_query::{Client, response::Data};
 
 use super::services::{self, Point, ServiceKey};
 use crate::{
     admin::METRICS_PREFIX,
     pool::history::{self, Sample},
-    sources::prometheus::{Auth, Server, build_client},
+    sources::history::HistoryReader,
 };
 
 /// A week: the longest chart.
 const WEEK: i64 = 7 * 86_400;
 
-/// Errors of a rebuild.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("cannot query Prometheus at {address}: {detail}")]
-    Client { address: String, detail: String },
-    #[error("Prometheus at {address} did not answer within {after:?}")]
-    Timeout { address: String, after: Duration },
-    #[error("Prometheus at {address} failed the query {query:?}: {source}")]
-    Query {
-        address: String,
-        query: String,
-        #[source]
-        source: prometheus_http_query::Error,
-    },
-    #[error("Prometheus at {address} answered the range query {query:?} with no matrix")]
-    NotMatrix { address: String, query: String },
-    #[error(
-        "Prometheus at {address} answered an unusable value for {query:?} at {at}: {value} \
-         (GPU counts, demand and replicas are finite and not negative)"
-    )]
-    Unusable {
-        address: String,
-        query: String,
-        at: f64,
-        value: f64,
-    },
-}
+/// Errors of a rebuild: those of reading nightshift's history from Prometheus.
+pub use crate::sources::history::HistoryError as Error;
 
 /// The history found in Prometheus, oldest first.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -96,19 +70,7 @@ pub async fn from_prometheus(
     now: Timestamp,
     timeout: Duration,
 ) -> Result<Rebuilt, Error> {
-    let server = Server {
-        address: address.to_string(),
-        auth: Auth::None,
-        headers: Vec::new(),
-        ca_cert: None,
-        unsafe_ssl: false,
-        timeout,
-    };
-    let client = build_client(&server).map_err(|e| Error::Client {
-        address: address.to_string(),
-        detail: e.to_string(),
-    })?;
-    let reader = Reader { client, address };
+    let reader = Reader(HistoryReader::new(address, timeout)?);
     tokio::time::timeout(timeout, reader.read(now.as_second()))
         .await
         .map_err(|_| Error::Timeout {
@@ -117,15 +79,9 @@ pub async fn from_prometheus(
         })?
 }
 
-struct Reader<'a> {
-    client: Client,
-    address: &'a str,
-}
+struct Reader(HistoryReader);
 
-/// One series of a range answer: its labels and (time, value) pairs.
-type Series = (BTreeMap<String, String>, Vec<(i64, f64)>);
-
-impl Reader<'_> {
+impl Reader {
     async fn read(&self, now: i64) -> Result<Rebuilt, Error> {
         let pool = self.pool(now).await?;
         let services = self.services(now).await?;
@@ -169,9 +125,11 @@ impl Reader<'_> {
         let end = now.div_euclid(step) * step;
         let start = end - WEEK + step;
         let demand = self
+            .0
             .range(&service_query("scaler_demand_replicas"), start, end, step)
             .await?;
         let pods = self
+            .0
             .range(&service_query("scaler_pods"), start, end, step)
             .await?;
         let key = |labels: &BTreeMap<String, String>| ServiceKey {
@@ -213,57 +171,12 @@ impl Reader<'_> {
         end: i64,
         step: i64,
     ) -> Result<BTreeMap<i64, f64>, Error> {
-        let series = self.range(query, start, end, step).await?;
+        let series = self.0.range(query, start, end, step).await?;
         Ok(series
             .into_iter()
             .next()
             .map(|(_, values)| values.into_iter().collect())
             .unwrap_or_default())
-    }
-
-    /// A range query: every series with its checked values.
-    async fn range(
-        &self,
-        query: &str,
-        start: i64,
-        end: i64,
-        step: i64,
-    ) -> Result<Vec<Series>, Error> {
-        let answer = self
-            .client
-            .query_range(query, start, end, step as f64)
-            .get()
-            .await
-            .map_err(|source| Error::Query {
-                address: self.address.to_string(),
-                query: query.to_string(),
-                source,
-            })?;
-        let Data::Matrix(matrix) = answer.into_inner().0 else {
-            return Err(Error::NotMatrix {
-                address: self.address.to_string(),
-                query: query.to_string(),
-            });
-        };
-        let mut out = Vec::with_capacity(matrix.len());
-        for series in matrix {
-            let (labels, samples) = series.into_inner();
-            let mut values = Vec::with_capacity(samples.len());
-            for s in samples {
-                let (at, value) = (s.timestamp(), s.value());
-                if !(value.is_finite() && value >= 0.0 && at.is_finite()) {
-                    return Err(Error::Unusable {
-                        address: self.address.to_string(),
-                        query: query.to_string(),
-                        at,
-                        value,
-                    });
-                }
-                values.push((at.round() as i64, value));
-            }
-            out.push((labels.into_iter().collect(), values));
-        }
-        Ok(out)
     }
 }
 
