@@ -50,6 +50,22 @@ pub struct FakePrometheus {
     stop: CancellationToken,
 }
 
+/// Serves `app` on a loopback port from the OS until the returned token is cancelled.
+pub async fn serve(app: Router) -> (SocketAddr, CancellationToken) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let stop = CancellationToken::new();
+    let token = stop.clone();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(token.cancelled_owned())
+            .await;
+    });
+    (addr, stop)
+}
+
 impl Drop for FakePrometheus {
     fn drop(&mut self) {
         self.stop.cancel();
@@ -67,17 +83,7 @@ impl FakePrometheus {
         let app = Router::new()
             .route("/api/v1/query", get(query).post(query))
             .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let stop = CancellationToken::new();
-        let token = stop.clone();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { token.cancelled().await })
-                .await;
-        });
+        let (addr, stop) = serve(app).await;
         Self { addr, state, stop }
     }
 

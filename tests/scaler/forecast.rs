@@ -59,17 +59,7 @@ impl HistoryServer {
         let app = Router::new()
             .route("/api/v1/query_range", get(range).post(range))
             .with_state(queries.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let stop = CancellationToken::new();
-        let token = stop.clone();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(token.cancelled_owned())
-                .await;
-        });
+        let (addr, stop) = crate::fake_prometheus::serve(app).await;
         Self {
             addr,
             queries,
