@@ -124,7 +124,8 @@ impl Session {
         }
     }
 
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+    /// A WebDriver call's whole answer, a WebDriver error included.
+    async fn answer(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
         let mut req = self
             .http
             .request(method, format!("{}{path}", self.base))
@@ -132,13 +133,16 @@ impl Session {
         if let Some(b) = body {
             req = req.json(&b);
         }
-        let answer: Value = req
-            .send()
+        req.send()
             .await
             .expect("WebDriver call")
             .json()
             .await
-            .expect("WebDriver JSON");
+            .expect("WebDriver JSON")
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let answer = self.answer(method, path, body).await;
         assert!(
             answer["value"].get("error").is_none(),
             "WebDriver {path}: {answer}"
@@ -172,6 +176,32 @@ impl Session {
             .as_str()
             .unwrap_or("")
             .to_string()
+    }
+
+    /// The text of `css` once it reads `want`, read again until a deadline: after a click the
+    /// browser may still be leaving the page, whose elements then go stale.
+    async fn text_once(&self, css: &str, want: &str) -> String {
+        let deadline = Instant::now() + START;
+        loop {
+            let found = self
+                .answer(
+                    reqwest::Method::POST,
+                    "/element",
+                    Some(json!({"using": "css selector", "value": css})),
+                )
+                .await;
+            let mut text = None;
+            if let Some(id) = found["value"][ELEMENT].as_str() {
+                let read = self
+                    .answer(reqwest::Method::GET, &format!("/element/{id}/text"), None)
+                    .await;
+                text = read["value"].as_str().map(str::to_string);
+            }
+            if text.as_deref() == Some(want) || Instant::now() >= deadline {
+                return text.unwrap_or_default();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Console messages of level SEVERE (errors) since the last call.
@@ -291,7 +321,8 @@ async fn a_person_reads_the_page_in_chromium_and_follows_a_namespace() {
         "{url}"
     );
     assert_eq!(
-        s.text("h1").await,
+        s.text_once("h1", "nightshift: GPU pool: research of team-a")
+            .await,
         "nightshift: GPU pool: research of team-a"
     );
     let namespaces = s.text("#namespaces").await;
@@ -309,7 +340,10 @@ async fn a_person_reads_the_page_in_chromium_and_follows_a_namespace() {
     s.post(&format!("/element/{input}/clear"), json!({})).await;
     let button = s.element("form button").await;
     s.post(&format!("/element/{button}/click"), json!({})).await;
-    assert_eq!(s.text("h1").await, "nightshift: GPU pool");
+    assert_eq!(
+        s.text_once("h1", "nightshift: GPU pool").await,
+        "nightshift: GPU pool"
+    );
     let errors = s.console_errors().await;
     assert!(errors.is_empty(), "console errors: {errors:?}");
     s.close().await;
