@@ -1074,6 +1074,13 @@ fn arb_notice() -> impl Strategy<Value = NoticeCase> {
 }
 
 fn with_notice(doc: &mut Value, (volumes, mounts, env, second): NoticeCase) {
+    let sidecar = second.then(|| json!({"name": "side", "image": "x"}));
+    set_lists(doc, volumes, mounts, env, sidecar);
+}
+
+/// Sets the pod's volumes and its first container's mounts and env (a null leaves one unset),
+/// and appends `sidecar` as a second container.
+fn set_lists(doc: &mut Value, volumes: Value, mounts: Value, env: Value, sidecar: Option<Value>) {
     if !volumes.is_null() {
         doc["spec"]["volumes"] = volumes;
     }
@@ -1083,8 +1090,8 @@ fn with_notice(doc: &mut Value, (volumes, mounts, env, second): NoticeCase) {
     if !env.is_null() {
         doc["spec"]["containers"][0]["env"] = env;
     }
-    if second && let Some(cs) = doc["spec"]["containers"].as_array_mut() {
-        cs.push(json!({"name": "side", "image": "x"}));
+    if let (Some(side), Some(cs)) = (sidecar, doc["spec"]["containers"].as_array_mut()) {
+        cs.push(side);
     }
 }
 
@@ -1254,18 +1261,8 @@ proptest! {
             3 => doc["metadata"]["annotations"] = Value::Null,
             _ => {}
         }
-        if !volumes.is_null() {
-            doc["spec"]["volumes"] = volumes;
-        }
-        if !mounts.is_null() {
-            doc["spec"]["containers"][0]["volumeMounts"] = mounts;
-        }
-        if !env.is_null() {
-            doc["spec"]["containers"][0]["env"] = env;
-        }
-        if second && let Some(cs) = doc["spec"]["containers"].as_array_mut() {
-            cs.push(json!({"name": "side", "image": "x", "volumeMounts": second_mounts}));
-        }
+        let sidecar = second.then(|| json!({"name": "side", "image": "x", "volumeMounts": second_mounts}));
+        set_lists(&mut doc, volumes, mounts, env, sidecar);
         let policy = MutationPolicy { scheduler_name: Some(PACKING.into()), ..MutationPolicy::default() };
         let whole: Pod = serde_json::from_value(doc.clone()).expect("generated pod is valid");
         let body = serde_json::to_vec(&json!({
