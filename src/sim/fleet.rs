@@ -115,23 +115,32 @@ struct Pace {
     growth: f64,
     compute: f64,
     prefill: f64,
+    /// Steps after which reading memory becomes the longer part (0: it already is), kept
+    /// because every event asks for it.
+    knee: f64,
 }
 
 impl Pace {
-    /// Steps after which reading memory becomes the longer part (0: it already is).
-    fn memory_bound_after(&self) -> f64 {
-        if self.memory >= self.compute {
+    fn new(memory: f64, growth: f64, compute: f64, prefill: f64) -> Pace {
+        let knee = if memory >= compute {
             0.0
-        } else if self.growth > 0.0 {
-            (self.compute - self.memory) / self.growth
+        } else if growth > 0.0 {
+            (compute - memory) / growth
         } else {
             f64::INFINITY
+        };
+        Pace {
+            memory,
+            growth,
+            compute,
+            prefill,
+            knee,
         }
     }
 
     /// Seconds the next `steps` engine steps take.
     fn time_for(&self, steps: f64) -> f64 {
-        let knee = self.memory_bound_after();
+        let knee = self.knee;
         if steps <= knee {
             return steps * self.compute;
         }
@@ -146,7 +155,7 @@ impl Pace {
         if dt <= 0.0 {
             return 0.0;
         }
-        let knee = self.memory_bound_after();
+        let knee = self.knee;
         let knee_time = knee * self.compute;
         if dt <= knee_time {
             return dt / self.compute;
@@ -264,12 +273,12 @@ impl Replica {
     fn pace(&self, perf: &Perf) -> Pace {
         let n = self.decoding.len() as f64;
         let prefill = self.prefill_remaining.min(perf.token_budget - n).max(0.0);
-        Pace {
-            memory: perf.decode_step_s + perf.kv_read_s_per_token * self.kv_tokens(),
-            growth: perf.kv_read_s_per_token * n,
-            compute: (n + prefill) * perf.compute_s_per_token,
+        Pace::new(
+            perf.decode_step_s + perf.kv_read_s_per_token * self.kv_tokens(),
+            perf.kv_read_s_per_token * n,
+            (n + prefill) * perf.compute_s_per_token,
             prefill,
-        }
+        )
     }
 
     /// Requests started or finished: the pace and the next events must be computed anew.
@@ -283,7 +292,12 @@ impl Replica {
         let (own, open) = match self.watched {
             Some(w) => w,
             None => {
-                let w = (self.next_internal(perf), self.open_at(perf));
+                // The segment is computed once here and kept: advancing would compute the same.
+                let seg = self.segment(perf);
+                if !self.is_idle() {
+                    self.segment = Some(seg);
+                }
+                let w = (self.next_internal(&seg), self.open_at(&seg, perf));
                 self.watched = Some(w);
                 w
             }
@@ -311,11 +325,10 @@ impl Replica {
 
     /// When this replica's own next event happens (a prefill or a decode finishing), as long as
     /// it admits nothing before; infinite when nothing is in flight.
-    fn next_internal(&self, perf: &Perf) -> f64 {
+    fn next_internal(&self, seg: &Segment) -> f64 {
         if self.is_idle() {
             return f64::INFINITY;
         }
-        let seg = self.segment(perf);
         let mut steps = f64::INFINITY;
         if let Some(p) = self.prefilling.front()
             && seg.pace.prefill > 0.0
@@ -333,7 +346,7 @@ impl Replica {
     /// free slot and room in the token budget; infinite if not before that event. Slots free up
     /// only at events; the budget frees up continuously as the running prefills progress.
     /// (KV room, which depends on the request, is checked apart.)
-    fn open_at(&self, perf: &Perf) -> f64 {
+    fn open_at(&self, seg: &Segment, perf: &Perf) -> f64 {
         if !self.accepting || self.running() >= perf.max_num_seqs {
             return f64::INFINITY;
         }
@@ -341,7 +354,6 @@ impl Replica {
         if over_budget < 0.0 {
             return self.now;
         }
-        let seg = self.segment(perf);
         if seg.pace.prefill > 0.0 {
             // Just past the moment the budget has room (a strict inequality).
             let steps = seg.done + over_budget / seg.pace.prefill;
@@ -441,16 +453,22 @@ pub fn run_until(
     perf: &Perf,
     obs: &mut impl Observer,
 ) {
-    // What decides the next event, per replica; it changes only when that replica moves.
-    let mut watches: Vec<Watch> = replicas.iter_mut().map(|r| r.watch(perf)).collect();
+    // What decides the next event, per replica; it changes only when that replica moves. One
+    // array per field: the scans below read one field of every replica per event.
+    let n = replicas.len();
+    let (mut owns, mut opens, mut reserved) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+    for (i, r) in replicas.iter_mut().enumerate() {
+        let w = r.watch(perf);
+        (owns[i], opens[i], reserved[i]) = (w.own, w.open, w.reserved);
+    }
     // Time of the latest event: a request becomes the head no earlier (strict FIFO).
     let mut clock = f64::NEG_INFINITY;
     loop {
         let mut own_at = end;
         let mut own_pick = None;
-        for (i, w) in watches.iter().enumerate() {
-            if w.own < own_at {
-                own_at = w.own;
+        for (i, &own) in owns.iter().enumerate() {
+            if own < own_at {
+                own_at = own;
                 own_pick = Some(i);
             }
         }
@@ -459,13 +477,13 @@ pub fn run_until(
         let mut head_pick = None;
         if let Some(h) = queue.front().filter(|h| h.arrival < own_at) {
             let earliest = h.arrival.max(clock);
+            // The same test as admission's, so that a pick always admits.
             let footprint = h.footprint();
-            for (i, w) in watches.iter().enumerate() {
-                // The same test as admission's, so that a pick always admits.
-                if w.reserved + footprint > perf.kv_capacity {
+            for (i, (&open, &held)) in opens.iter().zip(&reserved).enumerate() {
+                if held + footprint > perf.kv_capacity {
                     continue;
                 }
-                let at = w.open.max(earliest);
+                let at = open.max(earliest);
                 if at < head_at {
                     head_at = at;
                     head_pick = Some(i);
@@ -490,7 +508,8 @@ pub fn run_until(
         r.admit(queue, perf, obs);
         // Even when nothing started or finished (float noise), it has moved: look again.
         r.watched = None;
-        watches[i] = r.watch(perf);
+        let w = r.watch(perf);
+        (owns[i], opens[i], reserved[i]) = (w.own, w.open, w.reserved);
         clock = clock.max(at);
     }
     for r in replicas.iter_mut() {
@@ -646,32 +665,17 @@ mod tests {
     #[test]
     fn pace_integrates_the_step_time_as_the_kv_cache_grows() {
         // Memory-bound from the start: 30 ms per step plus 0.1 ms per step of KV growth.
-        let pace = Pace {
-            memory: 0.03,
-            growth: 1e-4,
-            compute: 0.001,
-            prefill: 0.0,
-        };
+        let pace = Pace::new(0.03, 1e-4, 0.001, 0.0);
         // 50 steps: 50 × 30 ms + 1e-4 × 50² / 2 = 1.625 s.
         assert!((pace.time_for(50.0) - 1.625).abs() < 1e-12);
         assert!((pace.steps_in(1.625) - 50.0).abs() < 1e-9);
         // Compute-bound until the KV makes memory the longer part: 100 ms per step until
         // 0.03 + 1e-4 u = 0.1, i.e. for 700 steps (70 s), then growing.
-        let pace = Pace {
-            memory: 0.03,
-            growth: 1e-4,
-            compute: 0.1,
-            prefill: 2000.0,
-        };
+        let pace = Pace::new(0.03, 1e-4, 0.1, 2000.0);
         assert!((pace.time_for(10.0) - 1.0).abs() < 1e-12);
         assert!((pace.time_for(710.0) - (70.0 + 10.0 * 0.1 + 0.5 * 1e-4 * 100.0)).abs() < 1e-9);
         // Without growth it is the constant step of the old fluid model, both ways.
-        let flat = Pace {
-            memory: 0.02,
-            growth: 0.0,
-            compute: 0.05,
-            prefill: 100.0,
-        };
+        let flat = Pace::new(0.02, 0.0, 0.05, 100.0);
         assert_eq!(flat.time_for(4.0), 0.2);
         assert_eq!(flat.steps_in(0.2), 4.0);
         assert_eq!(flat.steps_in(0.0), 0.0);
