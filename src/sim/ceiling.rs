@@ -19,7 +19,7 @@
 //! Cost: the search starts at the previous minute's answer, so most minutes take two or three
 //! fleet runs of about 1.5 minutes of requests each.
 
-use std::collections::VecDeque;
+use std::{collections::VecDeque, iter::Peekable};
 
 use super::{
     config::Scenario,
@@ -94,6 +94,19 @@ fn needs(sc: &Scenario, trace: &Trace, envelope: &Envelope) -> Vec<u32> {
         .step_by(CHUNK_MINUTES)
         .map(|m0| (m0, (m0 + CHUNK_MINUTES).min(minutes)))
         .collect();
+    // Where each chunk's requests (and its first minute's warm-up) begin in the replay: one
+    // pass here instead of every chunk replaying the run up to its own start.
+    let mut replay = Arrivals::new(trace, envelope, sc.run.seed).peekable();
+    let starts: Vec<Peekable<Arrivals<'_>>> = chunks
+        .iter()
+        .map(|&(m0, _)| {
+            while replay
+                .next_if(|a| a.at < m0 as f64 * 60.0 - WARM_UP_S)
+                .is_some()
+            {}
+            replay.clone()
+        })
+        .collect();
     let threads = std::thread::available_parallelism()
         .map_or(1, usize::from)
         .min(chunks.len())
@@ -106,10 +119,11 @@ fn needs(sc: &Scenario, trace: &Trace, envelope: &Envelope) -> Vec<u32> {
                     let mut done = Vec::new();
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(&(m0, m1)) = chunks.get(i) else {
+                        let (Some(&(m0, m1)), Some(arrivals)) = (chunks.get(i), starts.get(i))
+                        else {
                             return done;
                         };
-                        done.push((m0, needs_of(sc, trace, envelope, m0, m1)));
+                        done.push((m0, needs_of(sc, arrivals.clone(), m0, m1)));
                     }
                 })
             })
@@ -126,16 +140,14 @@ fn needs(sc: &Scenario, trace: &Trace, envelope: &Envelope) -> Vec<u32> {
     need
 }
 
-/// [`needs`] of minutes `m0..m1`.
-fn needs_of(sc: &Scenario, trace: &Trace, envelope: &Envelope, m0: usize, m1: usize) -> Vec<u32> {
+/// [`needs`] of minutes `m0..m1`, reading `arrivals` from the first request of minute `m0`'s
+/// warm-up.
+fn needs_of(sc: &Scenario, mut arrivals: Peekable<Arrivals<'_>>, m0: usize, m1: usize) -> Vec<u32> {
     let perf = Perf::new(&sc.model);
     let end = sc.run.days * 86_400.0;
     let lo = sc.autoscaling.min_replicas.max(1);
     let hi = sc.autoscaling.max_replicas.max(lo);
     let slo = sc.slo.queue_wait_p99_s;
-    let mut arrivals = Arrivals::new(trace, envelope, sc.run.seed)
-        .skip_while(|a| a.at < m0 as f64 * 60.0 - WARM_UP_S)
-        .peekable();
     // Requests of the warm-up and of the minute being judged, in arrival order.
     let mut window: VecDeque<Queued> = VecDeque::new();
     let mut need = Vec::with_capacity(m1 - m0);
