@@ -99,17 +99,7 @@ impl Emulator {
         let app = Router::new()
             .route("/metrics", get(metrics))
             .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0))
-            .await
-            .expect("bind emulator");
-        let addr = listener.local_addr().expect("addr");
-        let stop = CancellationToken::new();
-        let token = stop.clone();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { token.cancelled().await })
-                .await;
-        });
+        let (addr, stop) = serve_on(ip, app).await;
         Self { addr, state, stop }
     }
 
@@ -189,4 +179,21 @@ fn render(s: &EmuState) -> String {
     }
     out.push_str("# HELP process_cpu_seconds_total CPU\n# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1.5\n");
     out
+}
+
+/// Serves `app` on `ip` at a port from the OS until the returned token is cancelled: the
+/// launcher of every stand-in server of these tests.
+pub async fn serve_on(ip: IpAddr, app: Router) -> (SocketAddr, CancellationToken) {
+    let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0))
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let stop = CancellationToken::new();
+    let token = stop.clone();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(token.cancelled_owned())
+            .await;
+    });
+    (addr, stop)
 }

@@ -52,18 +52,7 @@ pub struct FakePrometheus {
 
 /// Serves `app` on a loopback port from the OS until the returned token is cancelled.
 pub async fn serve(app: Router) -> (SocketAddr, CancellationToken) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let stop = CancellationToken::new();
-    let token = stop.clone();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(token.cancelled_owned())
-            .await;
-    });
-    (addr, stop)
+    crate::emulator::serve_on(std::net::Ipv4Addr::LOCALHOST.into(), app).await
 }
 
 impl Drop for FakePrometheus {
