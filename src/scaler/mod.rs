@@ -1,7 +1,8 @@
 //! The KEDA external scaler: a gRPC server (KEDA's `externalscaler` protocol) that turns vLLM
 //! metrics into inference demand.
 //!
-//! - [`metadata`] parses a trigger's metadata into a typed configuration;
+//! - [`metadata`] parses a trigger's metadata into a typed configuration, [`admitted`] keeps
+//!   each ScaledObject's parsed trigger while KEDA keeps sending the same table;
 //! - [`Scaler`] reads the sources, applies the pure demand math ([`crate::demand`], shared with
 //!   the simulator) and keeps explanations ([`explain`]);
 //! - [`forecasts`] keeps the daily forecast of the triggers with `forecast: daily` (the pure
@@ -16,6 +17,7 @@
 //! Demand is reported as a metric value of `replicas × 100` against a fixed target of 100, so the
 //! HPA's `ceil(value / target)` is the number of replicas needed.
 
+pub mod admitted;
 pub mod capacities;
 pub mod error;
 pub mod explain;
@@ -30,6 +32,7 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
+use admitted::Admitted;
 use capacities::Capacities;
 pub use error::{Error, StartError};
 use explain::{Decisions, ErrorView, Explanation, TermView};
@@ -187,6 +190,7 @@ pub struct Evaluation {
 pub struct Scaler {
     prometheus: PrometheusSource,
     scrape: ScrapeSource,
+    admitted: Admitted,
     decisions: Decisions,
     forecasts: Forecasts,
     capacities: Capacities,
@@ -210,6 +214,7 @@ impl Scaler {
         Ok(Self {
             prometheus: PrometheusSource::new(options.cache_ttl, source_metrics.clone()),
             scrape: ScrapeSource::new(options.cache_ttl, discovery, source_metrics, policy)?,
+            admitted: Admitted::default(),
             decisions: Decisions::default(),
             forecasts: Forecasts::new(options.forecast.clone(), metrics.clone(), shutdown.clone()),
             capacities: Capacities::new(CapacityConfig::default(), metrics.clone()),
@@ -262,7 +267,11 @@ impl Scaler {
         name: &str,
         raw_metadata: &std::collections::HashMap<String, String>,
     ) -> Result<Evaluation, Error> {
-        let config = self.admit(namespace, raw_metadata)?;
+        let config = self
+            .admitted
+            .get_or_admit(namespace, name, raw_metadata, || {
+                self.admit(namespace, raw_metadata)
+            })?;
         let mut explanation = Explanation {
             namespace: namespace.to_string(),
             name: name.to_string(),
@@ -307,6 +316,7 @@ impl Scaler {
         }
         for (namespace, name) in self.decisions.record(explanation) {
             self.metrics.forget(&namespace, &name);
+            self.admitted.forget(&namespace, &name);
             self.forecasts.forget(&namespace, &name);
             self.capacities.forget(&namespace, &name);
         }

@@ -1,0 +1,193 @@
+//! The triggers already admitted: each ScaledObject's metadata as last parsed and checked
+//! against the source policy, kept with the table it was parsed from.
+//!
+//! KEDA sends a trigger's whole metadata table on every `GetMetrics` and `IsActive`, the same
+//! table poll after poll. Parsing it is pure and the source policy is fixed for the life of the
+//! process, so an equal table admits to the same trigger: the evaluation reuses it and compares
+//! tables instead of parsing again (a parse looks every key up, reads the numbers and durations
+//! and parses the Prometheus URL against the allow-list). A table that differs in anything is
+//! parsed and checked again; a table that fails is never kept, so its error is reported on
+//! every poll. Entries are dropped with the ScaledObject's other state when it is no longer
+//! evaluated.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use super::{Error, metadata::TriggerConfig};
+
+/// A trigger as admitted, with the metadata table it came from.
+struct Entry {
+    raw: HashMap<String, String>,
+    config: Arc<TriggerConfig>,
+}
+
+/// The admitted triggers, by namespace and ScaledObject name.
+#[derive(Default)]
+pub struct Admitted {
+    entries: Mutex<HashMap<String, HashMap<String, Entry>>>,
+}
+
+impl Admitted {
+    /// The trigger of ScaledObject `namespace/name` for metadata `raw`: the one kept if `raw` is
+    /// the table it was admitted from, else `admit(raw)`, kept when it succeeds. The lock is not
+    /// held while `admit` runs.
+    pub fn get_or_admit(
+        &self,
+        namespace: &str,
+        name: &str,
+        raw: &HashMap<String, String>,
+        admit: impl FnOnce() -> Result<TriggerConfig, Error>,
+    ) -> Result<Arc<TriggerConfig>, Error> {
+        if let Some(entry) = self.lock().get(namespace).and_then(|n| n.get(name))
+            && entry.raw == *raw
+        {
+            return Ok(entry.config.clone());
+        }
+        match admit() {
+            Ok(config) => {
+                let config = Arc::new(config);
+                self.lock()
+                    .entry(namespace.to_string())
+                    .or_default()
+                    .insert(
+                        name.to_string(),
+                        Entry {
+                            raw: raw.clone(),
+                            config: config.clone(),
+                        },
+                    );
+                Ok(config)
+            }
+            Err(e) => {
+                self.forget(namespace, name);
+                Err(e)
+            }
+        }
+    }
+
+    /// Drops what was kept for ScaledObject `namespace/name`.
+    pub fn forget(&self, namespace: &str, name: &str) {
+        let mut entries = self.lock();
+        if let Some(names) = entries.get_mut(namespace) {
+            names.remove(name);
+            if names.is_empty() {
+                entries.remove(namespace);
+            }
+        }
+    }
+
+    /// How many triggers are kept.
+    pub fn len(&self) -> usize {
+        self.lock().values().map(HashMap::len).sum()
+    }
+
+    /// Whether none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, HashMap<String, Entry>>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+    use crate::scaler::metadata;
+
+    fn table(model: &str) -> HashMap<String, String> {
+        [
+            ("serverAddress", "http://prometheus.monitoring:9090"),
+            ("model", model),
+            ("waitingTarget", "2"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+    }
+
+    /// `admit` as the scaler runs it, counting its calls.
+    fn admit<'a>(
+        raw: &'a HashMap<String, String>,
+        calls: &'a Cell<usize>,
+    ) -> impl FnOnce() -> Result<TriggerConfig, Error> + 'a {
+        move || {
+            calls.set(calls.get() + 1);
+            Ok(metadata::parse(raw, "inference")?)
+        }
+    }
+
+    #[test]
+    fn an_equal_table_is_parsed_once() {
+        let admitted = Admitted::default();
+        let calls = Cell::new(0);
+        let raw = table("llama");
+        let first = admitted
+            .get_or_admit("inference", "chat", &raw, admit(&raw, &calls))
+            .expect("admitted");
+        let again = table("llama");
+        let second = admitted
+            .get_or_admit("inference", "chat", &again, admit(&again, &calls))
+            .expect("admitted");
+        assert_eq!(calls.get(), 1);
+        assert!(Arc::ptr_eq(&first, &second));
+        assert_eq!(admitted.len(), 1);
+    }
+
+    #[test]
+    fn a_changed_table_is_parsed_again() {
+        let admitted = Admitted::default();
+        let calls = Cell::new(0);
+        let old = table("llama");
+        admitted
+            .get_or_admit("inference", "chat", &old, admit(&old, &calls))
+            .expect("admitted");
+        let new = table("mistral");
+        let config = admitted
+            .get_or_admit("inference", "chat", &new, admit(&new, &calls))
+            .expect("admitted");
+        assert_eq!(calls.get(), 2);
+        assert_eq!(config.selection.model.as_deref(), Some("mistral"));
+    }
+
+    #[test]
+    fn a_failing_table_is_never_kept_and_drops_the_old_trigger() {
+        let admitted = Admitted::default();
+        let calls = Cell::new(0);
+        let good = table("llama");
+        admitted
+            .get_or_admit("inference", "chat", &good, admit(&good, &calls))
+            .expect("admitted");
+        let mut bad = table("llama");
+        bad.insert("waitingTarget".into(), "many".into());
+        for _ in 0..2 {
+            let e = admitted.get_or_admit("inference", "chat", &bad, admit(&bad, &calls));
+            assert!(matches!(e, Err(Error::Metadata(_))), "{e:?}");
+        }
+        assert_eq!(calls.get(), 3, "the bad table is parsed on every call");
+        assert!(admitted.is_empty());
+    }
+
+    #[test]
+    fn scaled_objects_are_kept_apart_and_forgotten() {
+        let admitted = Admitted::default();
+        let calls = Cell::new(0);
+        let raw = table("llama");
+        for (ns, name) in [("a", "chat"), ("b", "chat"), ("a", "code")] {
+            admitted
+                .get_or_admit(ns, name, &raw, admit(&raw, &calls))
+                .expect("admitted");
+        }
+        assert_eq!((calls.get(), admitted.len()), (3, 3));
+        admitted.forget("a", "chat");
+        admitted.forget("a", "code");
+        admitted.forget("a", "missing");
+        assert_eq!(admitted.len(), 1);
+        assert!(!admitted.lock().contains_key("a"), "empty namespaces go");
+    }
+}
