@@ -127,10 +127,15 @@ impl Capacities {
 
     /// Drops a ScaledObject's learner and its metrics.
     pub fn forget(&self, namespace: &str, name: &str) {
-        let removed = self
-            .lock()
-            .remove(&(namespace.to_string(), name.to_string()))
-            .is_some();
+        let removed = {
+            let mut entries = self.lock();
+            // Called on every evaluation of a trigger without learned capacity: with no learner
+            // at all, there is nothing to look up (and no key to build).
+            !entries.is_empty()
+                && entries
+                    .remove(&(namespace.to_string(), name.to_string()))
+                    .is_some()
+        };
         if removed {
             self.metrics.forget_capacity(namespace, name);
         }
