@@ -153,14 +153,19 @@ impl PrometheusSource {
     ) -> Result<Arc<FamilyIndex>, SourceError> {
         let query = family_query(signal, labels, &promql_duration(rate_window));
         let key = (server.clone(), query);
-        let client = self.client(server)?;
-        let metrics = self.metrics.clone();
-        let (server_c, labels_c) = (server.clone(), labels.clone());
-        let query = key.1.clone();
+        // What only a query needs (the client, the copies the query's task owns) is made when
+        // the cache has no fresh answer, not on every call it answers.
         self.families
-            .get_or_fetch(&key, move || async move {
-                let data = run_query(&client, &server_c, &query, &metrics, signal.family()).await?;
-                index_from(&server_c, &labels_c, data)
+            .get_or_fetch(&key, || {
+                let client = self.client(server);
+                let (metrics, server, labels) =
+                    (self.metrics.clone(), server.clone(), labels.clone());
+                let query = key.1.clone();
+                async move {
+                    let data =
+                        run_query(&client?, &server, &query, &metrics, signal.family()).await?;
+                    index_from(&server, &labels, data)
+                }
             })
             .await
     }
@@ -172,14 +177,15 @@ impl PrometheusSource {
         query: &str,
     ) -> Result<Arc<Option<f64>>, SourceError> {
         let key = (server.clone(), query.to_string());
-        let client = self.client(server)?;
-        let metrics = self.metrics.clone();
-        let server_c = server.clone();
-        let query = query.to_string();
         self.raw
-            .get_or_fetch(&key, move || async move {
-                let data = run_query(&client, &server_c, &query, &metrics, "query").await?;
-                single_value(&server_c, &query, data)
+            .get_or_fetch(&key, || {
+                let client = self.client(server);
+                let (metrics, server) = (self.metrics.clone(), server.clone());
+                let query = key.1.clone();
+                async move {
+                    let data = run_query(&client?, &server, &query, &metrics, "query").await?;
+                    single_value(&server, &query, data)
+                }
             })
             .await
     }

@@ -142,35 +142,39 @@ impl ScrapeSource {
 
     /// The latest snapshot of `target`, shared with every concurrent and recent caller.
     pub async fn snapshot(&self, target: &Target) -> Result<Arc<Snapshot>, SourceError> {
-        let http = self.http.clone();
-        let discovery = self.discovery.clone();
-        let rates = self.rates.clone();
-        let window = target.rate_window.as_secs_f64();
-        let epoch = self.epoch;
-        let metrics = self.metrics.clone();
-        let policy = self.policy.clone();
-        let target_c = target.clone();
+        // The copies the scrape's task owns are made when the cache has no fresh snapshot, not
+        // on every call it answers.
         self.cache
-            .get_or_fetch(target, move || async move {
-                let first_time = !rates
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .is_live(&target_c, Instant::now());
-                let pass = Pass {
-                    http: &http,
-                    discovery: &discovery,
-                    policy: &policy,
-                    rates: &rates,
-                    metrics: &metrics,
-                    window,
-                    epoch,
-                };
-                let mut snapshot = pass.run(&target_c).await?;
-                if first_time && snapshot.rates_warming_up {
-                    tokio::time::sleep(WARMUP_GAP).await;
-                    snapshot = pass.run(&target_c).await?;
+            .get_or_fetch(target, || {
+                let (http, discovery, rates) = (
+                    self.http.clone(),
+                    self.discovery.clone(),
+                    self.rates.clone(),
+                );
+                let (metrics, policy) = (self.metrics.clone(), self.policy.clone());
+                let (window, epoch) = (target.rate_window.as_secs_f64(), self.epoch);
+                let target_c = target.clone();
+                async move {
+                    let first_time = !rates
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .is_live(&target_c, Instant::now());
+                    let pass = Pass {
+                        http: &http,
+                        discovery: &discovery,
+                        policy: &policy,
+                        rates: &rates,
+                        metrics: &metrics,
+                        window,
+                        epoch,
+                    };
+                    let mut snapshot = pass.run(&target_c).await?;
+                    if first_time && snapshot.rates_warming_up {
+                        tokio::time::sleep(WARMUP_GAP).await;
+                        snapshot = pass.run(&target_c).await?;
+                    }
+                    Ok(snapshot)
                 }
-                Ok(snapshot)
             })
             .await
     }
