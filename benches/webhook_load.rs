@@ -274,7 +274,7 @@ fn server_cpu_seconds() -> f64 {
             std::fs::read_to_string(t.path().join("comm"))
                 .is_ok_and(|c| c.trim_end().starts_with(SERVER_THREAD))
         })
-        .map(|t| cpu_time::cpu_seconds(&t.path().join("stat")))
+        .map(|t| cpu_time::cpu_seconds(&t.path()))
         .sum()
 }
 
