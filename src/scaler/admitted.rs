@@ -7,8 +7,10 @@
 //! tables instead of parsing again (a parse looks every key up, reads the numbers and durations
 //! and parses the Prometheus URL against the allow-list). A table that differs in anything is
 //! parsed and checked again; a table that fails is never kept, so its error is reported on
-//! every poll. Entries are dropped with the ScaledObject's other state when it is no longer
-//! evaluated.
+//! every poll. A ScaledObject with several nightshift triggers sends one table per trigger
+//! under the same name, so up to [`TABLES_PER_OBJECT`] tables are kept per ScaledObject, the
+//! least recently used giving way. Entries are dropped with the ScaledObject's other state when
+//! it is no longer evaluated.
 
 use std::{
     collections::HashMap,
@@ -16,6 +18,11 @@ use std::{
 };
 
 use super::{Error, metadata::TriggerConfig};
+
+/// Tables kept per ScaledObject: one per trigger of a ScaledObject with several nightshift
+/// triggers (a handful at most in practice), and the bound on what an edited ScaledObject leaves
+/// behind until it is forgotten.
+pub const TABLES_PER_OBJECT: usize = 4;
 
 /// A trigger as admitted, with the metadata table it came from.
 struct Entry {
@@ -26,12 +33,14 @@ struct Entry {
 /// The admitted triggers, by namespace and ScaledObject name.
 #[derive(Default)]
 pub struct Admitted {
-    entries: Mutex<HashMap<String, HashMap<String, Entry>>>,
+    /// By namespace, then name: lookups borrow the request's strings instead of building a key.
+    /// Each list is most recently used first.
+    entries: Mutex<HashMap<String, HashMap<String, Vec<Entry>>>>,
 }
 
 impl Admitted {
     /// The trigger of ScaledObject `namespace/name` for metadata `raw`: the one kept if `raw` is
-    /// the table it was admitted from, else `admit(raw)`, kept when it succeeds. The lock is not
+    /// a table it was admitted from, else `admit(raw)`, kept when it succeeds. The lock is not
     /// held while `admit` runs.
     pub fn get_or_admit(
         &self,
@@ -40,31 +49,30 @@ impl Admitted {
         raw: &HashMap<String, String>,
         admit: impl FnOnce() -> Result<TriggerConfig, Error>,
     ) -> Result<Arc<TriggerConfig>, Error> {
-        if let Some(entry) = self.lock().get(namespace).and_then(|n| n.get(name))
-            && entry.raw == *raw
+        if let Some(tables) = self.lock().get_mut(namespace).and_then(|n| n.get_mut(name))
+            && let Some(i) = tables.iter().position(|e| e.raw == *raw)
         {
-            return Ok(entry.config.clone());
+            let config = tables[i].config.clone();
+            tables[..=i].rotate_right(1);
+            return Ok(config);
         }
-        match admit() {
-            Ok(config) => {
-                let config = Arc::new(config);
-                self.lock()
-                    .entry(namespace.to_string())
-                    .or_default()
-                    .insert(
-                        name.to_string(),
-                        Entry {
-                            raw: raw.clone(),
-                            config: config.clone(),
-                        },
-                    );
-                Ok(config)
-            }
-            Err(e) => {
-                self.forget(namespace, name);
-                Err(e)
-            }
-        }
+        let config = Arc::new(admit()?);
+        let mut entries = self.lock();
+        let tables = entries
+            .entry(namespace.to_string())
+            .or_default()
+            .entry(name.to_string())
+            .or_default();
+        tables.retain(|e| e.raw != *raw);
+        tables.insert(
+            0,
+            Entry {
+                raw: raw.clone(),
+                config: config.clone(),
+            },
+        );
+        tables.truncate(TABLES_PER_OBJECT);
+        Ok(config)
     }
 
     /// Drops what was kept for ScaledObject `namespace/name`.
@@ -78,9 +86,13 @@ impl Admitted {
         }
     }
 
-    /// How many triggers are kept.
+    /// How many tables are kept.
     pub fn len(&self) -> usize {
-        self.lock().values().map(HashMap::len).sum()
+        self.lock()
+            .values()
+            .flat_map(HashMap::values)
+            .map(Vec::len)
+            .sum()
     }
 
     /// Whether none is kept.
@@ -88,7 +100,7 @@ impl Admitted {
         self.len() == 0
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, HashMap<String, Entry>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, HashMap<String, Vec<Entry>>>> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -156,7 +168,56 @@ mod tests {
     }
 
     #[test]
-    fn a_failing_table_is_never_kept_and_drops_the_old_trigger() {
+    fn each_trigger_of_one_scaled_object_keeps_its_table() {
+        let admitted = Admitted::default();
+        let calls = Cell::new(0);
+        let (chat, code) = (table("llama"), table("starcoder"));
+        for _ in 0..3 {
+            for raw in [&chat, &code] {
+                admitted
+                    .get_or_admit("inference", "both", raw, admit(raw, &calls))
+                    .expect("admitted");
+            }
+        }
+        assert_eq!(
+            calls.get(),
+            2,
+            "each table parsed once, however the polls alternate"
+        );
+        assert_eq!(admitted.len(), 2);
+    }
+
+    #[test]
+    fn the_least_recently_used_table_gives_way() {
+        let admitted = Admitted::default();
+        let calls = Cell::new(0);
+        let tables: Vec<_> = (0..=TABLES_PER_OBJECT)
+            .map(|i| table(&format!("model-{i}")))
+            .collect();
+        for raw in &tables {
+            admitted
+                .get_or_admit("inference", "edited", raw, admit(raw, &calls))
+                .expect("admitted");
+        }
+        assert_eq!(admitted.len(), TABLES_PER_OBJECT);
+        // The newest are kept; the first, least recently used, was dropped.
+        let newest = &tables[TABLES_PER_OBJECT];
+        admitted
+            .get_or_admit("inference", "edited", newest, admit(newest, &calls))
+            .expect("admitted");
+        assert_eq!(calls.get(), TABLES_PER_OBJECT + 1);
+        admitted
+            .get_or_admit("inference", "edited", &tables[0], admit(&tables[0], &calls))
+            .expect("admitted");
+        assert_eq!(
+            calls.get(),
+            TABLES_PER_OBJECT + 2,
+            "the dropped table is parsed again"
+        );
+    }
+
+    #[test]
+    fn a_failing_table_is_never_kept() {
         let admitted = Admitted::default();
         let calls = Cell::new(0);
         let good = table("llama");
@@ -170,7 +231,7 @@ mod tests {
             assert!(matches!(e, Err(Error::Metadata(_))), "{e:?}");
         }
         assert_eq!(calls.get(), 3, "the bad table is parsed on every call");
-        assert!(admitted.is_empty());
+        assert_eq!(admitted.len(), 1, "only the good table is kept");
     }
 
     #[test]
