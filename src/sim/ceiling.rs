@@ -43,27 +43,12 @@ pub struct Ceiling {
     pub idle_gpu_hours: f64,
 }
 
-/// Computes the honest ceiling of a scenario (same trace, envelope and seed as the policies).
+/// Computes the honest ceiling of a scenario (same trace, envelope and seed as the policies), on
+/// this thread; [`Plan`] splits the same work for a caller that spreads it over threads.
 pub fn honest_ceiling(sc: &Scenario, trace: &Trace, envelope: &Envelope) -> Ceiling {
-    let need = needs(sc, trace, envelope);
-    let held = hold_for_start_up(&need, sc.model.startup_s);
-    let pool_gpus = f64::from(sc.pool.nodes * sc.pool.gpus_per_node);
-    let end = sc.run.days * 86_400.0;
-    let gpr = f64::from(sc.model.gpus_per_replica);
-    let idle_gpu_hours = held
-        .iter()
-        .enumerate()
-        .map(|(m, h)| {
-            // The last minute may be partial.
-            let minutes = ((end - m as f64 * 60.0) / 60.0).clamp(0.0, 1.0);
-            (pool_gpus - f64::from(*h) * gpr).max(0.0) * minutes / 60.0
-        })
-        .sum();
-    Ceiling {
-        need,
-        held,
-        idle_gpu_hours,
-    }
+    let plan = Plan::new(sc, trace, envelope);
+    let parts = (0..plan.chunks()).map(|i| plan.judge(i)).collect();
+    plan.ceiling(parts)
 }
 
 /// Replicas held per minute when each must start `startup_s` before the first minute it serves:
@@ -81,66 +66,96 @@ pub fn hold_for_start_up(need: &[u32], startup_s: f64) -> Vec<u32> {
         .collect()
 }
 
-/// Minutes judged per thread: the minutes are independent (each judged after its own
-/// warm-up), so the run is split in day-long chunks that threads take in turn.
-const CHUNK_MINUTES: usize = 1440;
+/// Minutes judged per piece of work: the minutes are independent (each judged after its own
+/// warm-up), so the run is cut into pieces small enough (a few tenths of a second each at the
+/// default load) that pieces taken in turn by a few threads end together, whatever else the
+/// threads ran before.
+const CHUNK_MINUTES: usize = 240;
 
-/// The fewest replicas per minute that keep it within the SLO, judged on as many threads as the
-/// machine has.
-fn needs(sc: &Scenario, trace: &Trace, envelope: &Envelope) -> Vec<u32> {
-    let end = sc.run.days * 86_400.0;
-    let minutes = (end / 60.0).ceil() as usize;
-    let chunks: Vec<(usize, usize)> = (0..minutes)
-        .step_by(CHUNK_MINUTES)
-        .map(|m0| (m0, (m0 + CHUNK_MINUTES).min(minutes)))
-        .collect();
-    // Where each chunk's requests (and its first minute's warm-up) begin in the replay: one
-    // pass here instead of every chunk replaying the run up to its own start.
-    let mut replay = Arrivals::new(trace, envelope, sc.run.seed).peekable();
-    let starts: Vec<Peekable<Arrivals<'_>>> = chunks
-        .iter()
-        .map(|&(m0, _)| {
-            while replay
-                .next_if(|a| a.at < m0 as f64 * 60.0 - WARM_UP_S)
-                .is_some()
-            {}
-            replay.clone()
-        })
-        .collect();
-    let threads = std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .min(chunks.len())
-        .max(1);
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut parts: Vec<(usize, Vec<u32>)> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut done = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let (Some(&(m0, m1)), Some(arrivals)) = (chunks.get(i), starts.get(i))
-                        else {
-                            return done;
-                        };
-                        done.push((m0, needs_of(sc, arrivals.clone(), m0, m1)));
-                    }
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            // A worker only panics on a bug; its minutes then count as the full fleet.
-            .flat_map(|w| w.join().unwrap_or_default())
-            .collect()
-    });
-    parts.sort_by_key(|(m0, _)| *m0);
-    let mut need: Vec<u32> = parts.into_iter().flat_map(|(_, n)| n).collect();
-    need.resize(minutes, sc.autoscaling.max_replicas.max(1));
-    need
+/// The ceiling's work cut into independent chunks of minutes. [`Plan::judge`] may be called for
+/// every chunk on any thread and in any order; [`Plan::ceiling`] puts the answers together.
+pub struct Plan<'a> {
+    sc: &'a Scenario,
+    minutes: usize,
+    /// Per chunk: its first minute, one past its last, and where its requests (its first
+    /// minute's warm-up included) begin in the replay.
+    chunks: Vec<(usize, usize, Peekable<Arrivals<'a>>)>,
 }
 
-/// [`needs`] of minutes `m0..m1`, reading `arrivals` from the first request of minute `m0`'s
+impl<'a> Plan<'a> {
+    /// Cuts the run into chunks. One pass over the replay finds where each chunk begins, instead
+    /// of every chunk replaying the run up to its own start.
+    pub fn new(sc: &'a Scenario, trace: &'a Trace, envelope: &'a Envelope) -> Plan<'a> {
+        let minutes = Self::minutes(sc);
+        let mut replay = Arrivals::new(trace, envelope, sc.run.seed).peekable();
+        let chunks = (0..minutes)
+            .step_by(CHUNK_MINUTES)
+            .map(|m0| {
+                while replay
+                    .next_if(|a| a.at < m0 as f64 * 60.0 - WARM_UP_S)
+                    .is_some()
+                {}
+                (m0, (m0 + CHUNK_MINUTES).min(minutes), replay.clone())
+            })
+            .collect();
+        Plan {
+            sc,
+            minutes,
+            chunks,
+        }
+    }
+
+    /// Chunks a scenario is cut into (what [`Plan::new`] makes, known without the replay).
+    pub fn chunks_of(sc: &Scenario) -> usize {
+        Self::minutes(sc).div_ceil(CHUNK_MINUTES)
+    }
+
+    fn minutes(sc: &Scenario) -> usize {
+        (sc.run.days * 86_400.0 / 60.0).ceil() as usize
+    }
+
+    /// Chunks to judge.
+    pub fn chunks(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// The fewest replicas for each minute of chunk `i` (empty when there is no such chunk).
+    pub fn judge(&self, i: usize) -> Vec<u32> {
+        self.chunks
+            .get(i)
+            .map_or_else(Vec::new, |(m0, m1, arrivals)| {
+                needs_of(self.sc, arrivals.clone(), *m0, *m1)
+            })
+    }
+
+    /// The ceiling from every chunk's answer, in chunk order.
+    pub fn ceiling(&self, parts: Vec<Vec<u32>>) -> Ceiling {
+        let sc = self.sc;
+        let mut need: Vec<u32> = parts.into_iter().flatten().collect();
+        // Only a missing chunk (a caller's bug) leaves minutes out: they count as the full fleet.
+        need.resize(self.minutes, sc.autoscaling.max_replicas.max(1));
+        let held = hold_for_start_up(&need, sc.model.startup_s);
+        let pool_gpus = f64::from(sc.pool.nodes * sc.pool.gpus_per_node);
+        let end = sc.run.days * 86_400.0;
+        let gpr = f64::from(sc.model.gpus_per_replica);
+        let idle_gpu_hours = held
+            .iter()
+            .enumerate()
+            .map(|(m, h)| {
+                // The last minute may be partial.
+                let minutes = ((end - m as f64 * 60.0) / 60.0).clamp(0.0, 1.0);
+                (pool_gpus - f64::from(*h) * gpr).max(0.0) * minutes / 60.0
+            })
+            .sum();
+        Ceiling {
+            need,
+            held,
+            idle_gpu_hours,
+        }
+    }
+}
+
+/// The fewest replicas for each of minutes `m0..m1`, reading `arrivals` from the first request of minute `m0`'s
 /// warm-up.
 fn needs_of(sc: &Scenario, mut arrivals: Peekable<Arrivals<'_>>, m0: usize, m1: usize) -> Vec<u32> {
     let perf = Perf::new(&sc.model);

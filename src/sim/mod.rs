@@ -25,7 +25,7 @@ use clap::Args;
 
 use self::{
     config::Scenario,
-    engine::run_policy,
+    engine::{RunOutcome, run_policy},
     policy::ScalingPolicy,
     report::Report,
     trace::{Envelope, Trace, TraceError},
@@ -157,7 +157,8 @@ pub fn run(args: SimArgs) -> Result<(), SimError> {
     Ok(())
 }
 
-/// Runs every policy through the scenario (in parallel threads; results do not depend on it).
+/// Runs every policy through the scenario and computes its honest ceiling (on several threads;
+/// results do not depend on it).
 pub fn simulate(scenario: &Scenario, trace: &Trace) -> Result<Report, SimError> {
     scenario.validate().map_err(SimError::Invalid)?;
     let envelope = Envelope::new(&scenario.envelope.hourly)
@@ -183,29 +184,7 @@ pub fn simulate(scenario: &Scenario, trace: &Trace) -> Result<Report, SimError> 
     };
     demand::compute(&probe, &scenario.policies.nightshift.targets()).map_err(SimError::Targets)?;
 
-    let (ceiling, outcomes) = std::thread::scope(|scope| {
-        let envelope = &envelope;
-        let ceiling = scope.spawn(move || {
-            let started = std::time::Instant::now();
-            let c = ceiling::honest_ceiling(scenario, trace, envelope);
-            tracing::debug!(
-                elapsed_s = started.elapsed().as_secs_f64(),
-                "honest ceiling computed"
-            );
-            c
-        });
-        let handles: Vec<_> = ScalingPolicy::ALL
-            .iter()
-            .map(|kind| scope.spawn(move || run_policy(*kind, scenario, trace, envelope, false)))
-            .collect();
-        let outcomes = handles
-            .into_iter()
-            .map(|h| h.join())
-            .collect::<Result<Vec<_>, _>>();
-        (ceiling.join(), outcomes)
-    });
-    let ceiling = ceiling.map_err(|_| SimError::Invalid("the ceiling run panicked".into()))?;
-    let outcomes = outcomes.map_err(|_| SimError::Invalid("a policy run panicked".into()))?;
+    let (ceiling, outcomes) = run_in_parallel(scenario, trace, &envelope)?;
     let gpr = scenario.model.gpus_per_replica;
     let outcomes: Vec<_> = outcomes
         .into_iter()
@@ -226,4 +205,98 @@ pub fn simulate(scenario: &Scenario, trace: &Trace) -> Result<Report, SimError> 
         timelines: outcomes.iter().map(|o| o.timeline.clone()).collect(),
         policies: outcomes.into_iter().map(|o| o.result).collect(),
     })
+}
+
+/// One piece of a simulation's work.
+#[derive(Clone, Copy)]
+enum Task {
+    /// A policy's run, the `i`-th of [`ScalingPolicy::ALL`].
+    Policy(usize),
+    /// The `i`-th chunk of the ceiling's minutes.
+    Ceiling(usize),
+}
+
+/// A finished [`Task`].
+enum Done {
+    Policy(usize, Box<RunOutcome>),
+    Ceiling(usize, Vec<u32>),
+}
+
+/// Runs the policies and the ceiling's chunks on as many threads as the machine has, each
+/// thread taking the next task in turn: the long policy runs first, then the short chunks, so
+/// that the threads end together instead of one finishing the ceiling alone. (One thread per
+/// policy, the former layout, left one core idle for the last half second on two cores.)
+fn run_in_parallel(
+    scenario: &Scenario,
+    trace: &Trace,
+    envelope: &Envelope,
+) -> Result<(ceiling::Ceiling, Vec<RunOutcome>), SimError> {
+    let tasks: Vec<Task> = (0..ScalingPolicy::ALL.len())
+        .map(Task::Policy)
+        .chain((0..ceiling::Plan::chunks_of(scenario)).map(Task::Ceiling))
+        .collect();
+    // The ceiling's plan replays the arrivals once; the first thread to reach a chunk makes it,
+    // while the others still run policies.
+    let plan = std::sync::OnceLock::new();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(tasks.len());
+    let started = std::time::Instant::now();
+    let finished: Vec<Done> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    while let Some(task) =
+                        tasks.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                    {
+                        done.push(match *task {
+                            Task::Policy(i) => {
+                                let kind = ScalingPolicy::ALL[i];
+                                let o = run_policy(kind, scenario, trace, envelope, false);
+                                Done::Policy(i, Box::new(o))
+                            }
+                            Task::Ceiling(i) => {
+                                let plan = plan
+                                    .get_or_init(|| ceiling::Plan::new(scenario, trace, envelope));
+                                Done::Ceiling(i, plan.judge(i))
+                            }
+                        });
+                    }
+                    done
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join())
+            .collect::<Result<Vec<_>, _>>()
+            .map(|parts| parts.into_iter().flatten().collect())
+    })
+    .map_err(|_| SimError::Invalid("a simulation thread panicked".into()))?;
+
+    let mut outcomes: Vec<Option<RunOutcome>> = ScalingPolicy::ALL.iter().map(|_| None).collect();
+    let mut parts = vec![Vec::new(); ceiling::Plan::chunks_of(scenario)];
+    for done in finished {
+        match done {
+            Done::Policy(i, o) => outcomes[i] = Some(*o),
+            Done::Ceiling(i, need) => parts[i] = need,
+        }
+    }
+    let outcomes = outcomes
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| SimError::Invalid("a policy run did not finish".into()))?;
+    let ceiling = match plan.into_inner() {
+        Some(plan) => plan.ceiling(parts),
+        // Only a run without minutes has no chunk.
+        None => ceiling::Plan::new(scenario, trace, envelope).ceiling(parts),
+    };
+    tracing::debug!(
+        elapsed_s = started.elapsed().as_secs_f64(),
+        threads,
+        "policies and honest ceiling computed"
+    );
+    Ok((ceiling, outcomes))
 }
