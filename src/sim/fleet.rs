@@ -104,6 +104,20 @@ struct Prefilling {
 /// producing zero-length segments.
 const EPS: f64 = 1e-9;
 
+/// The larger of two numbers that are never NaN here: one instruction, where `f64::max` adds a
+/// NaN test and a blend. The replicas' hot path takes a dozen of these per event; with
+/// `f64::max` and `f64::min` they were a quarter of its time.
+#[inline]
+fn max(a: f64, b: f64) -> f64 {
+    if a > b { a } else { b }
+}
+
+/// The smaller of two numbers that are never NaN here (see [`max`]).
+#[inline]
+fn min(a: f64, b: f64) -> f64 {
+    if a < b { a } else { b }
+}
+
 /// How fast a replica's engine goes while its batch stays as it is. Every engine step takes
 /// the longer of reading the weights and the KV cache (`memory`, growing by `growth` per step as
 /// each decoding sequence adds a token of KV) and the batch's arithmetic (`compute`), and
@@ -118,6 +132,8 @@ struct Pace {
     /// Steps after which reading memory becomes the longer part (0: it already is), kept
     /// because every event asks for it.
     knee: f64,
+    /// The step time from the knee on, before the KV growth: the longer of the two parts.
+    start: f64,
 }
 
 impl Pace {
@@ -135,6 +151,7 @@ impl Pace {
             compute,
             prefill,
             knee,
+            start: max(memory, compute),
         }
     }
 
@@ -145,7 +162,7 @@ impl Pace {
             return steps * self.compute;
         }
         // From the knee on, each step takes `start` plus what the KV added since.
-        let start = self.memory.max(self.compute);
+        let start = self.start;
         let w = steps - knee;
         knee * self.compute + w * start + 0.5 * self.growth * w * w
     }
@@ -161,7 +178,7 @@ impl Pace {
             return dt / self.compute;
         }
         let rest = dt - knee_time;
-        let start = self.memory.max(self.compute);
+        let start = self.start;
         // Root of start·w + growth·w²/2 = rest, in the form that stays exact as growth → 0.
         let w = 2.0 * rest / (start + (start * start + 2.0 * self.growth * rest).sqrt());
         knee + w
@@ -223,12 +240,15 @@ impl Replica {
 
     /// KV tokens held now.
     pub fn kv_tokens(&self) -> f64 {
-        (self.kv_context + self.decoding.len() as f64 * self.v - self.sum_v0).max(0.0)
+        max(
+            self.kv_context + self.decoding.len() as f64 * self.v - self.sum_v0,
+            0.0,
+        )
     }
 
     /// KV-cache use as vLLM reports it (`vllm:kv_cache_usage_perc`, 0–1).
     pub fn kv_usage(&self, perf: &Perf) -> f64 {
-        (self.kv_tokens() / perf.kv_capacity).min(1.0)
+        min(self.kv_tokens() / perf.kv_capacity, 1.0)
     }
 
     /// Whether nothing is in flight.
@@ -253,7 +273,7 @@ impl Replica {
             }
             let q = *head;
             queue.pop_front();
-            obs.started(self.now, (self.now - q.arrival).max(0.0));
+            obs.started(self.now, max(self.now - q.arrival, 0.0));
             let context = f64::from(q.context.max(1));
             self.prefilling.push_back(Prefilling {
                 arrival: q.arrival,
@@ -272,7 +292,7 @@ impl Replica {
     /// The engine's pace while the batch stays as it is.
     fn pace(&self, perf: &Perf) -> Pace {
         let n = self.decoding.len() as f64;
-        let prefill = self.prefill_remaining.min(perf.token_budget - n).max(0.0);
+        let prefill = max(min(self.prefill_remaining, perf.token_budget - n), 0.0);
         Pace::new(
             perf.decode_step_s + perf.kv_read_s_per_token * self.kv_tokens(),
             perf.kv_read_s_per_token * n,
@@ -303,10 +323,10 @@ impl Replica {
             }
         };
         Watch {
-            own: own.max(self.now),
+            own: max(own, self.now),
             // A replica stops accepting when it starts draining, never the other way round.
             open: if self.accepting {
-                open.max(self.now)
+                max(open, self.now)
             } else {
                 f64::INFINITY
             },
@@ -333,13 +353,13 @@ impl Replica {
         if let Some(p) = self.prefilling.front()
             && seg.pace.prefill > 0.0
         {
-            steps = steps.min(p.remaining / seg.pace.prefill);
+            steps = min(steps, p.remaining / seg.pace.prefill);
         }
         if let Some(d) = self.decoding.peek() {
             // A finishing sequence frees a slot and its KV, and stops generating.
-            steps = steps.min((d.finish_v - self.v).max(0.0));
+            steps = min(steps, max(d.finish_v - self.v, 0.0));
         }
-        (seg.start + seg.pace.time_for(seg.done + steps)).max(self.now)
+        max(seg.start + seg.pace.time_for(seg.done + steps), self.now)
     }
 
     /// The earliest time, from now and until this replica's next own event, at which it has a
@@ -357,7 +377,7 @@ impl Replica {
         if seg.pace.prefill > 0.0 {
             // Just past the moment the budget has room (a strict inequality).
             let steps = seg.done + over_budget / seg.pace.prefill;
-            (seg.start + seg.pace.time_for(steps)).max(self.now) + 1e-7
+            max(seg.start + seg.pace.time_for(steps), self.now) + 1e-7
         } else {
             f64::INFINITY
         }
@@ -368,7 +388,7 @@ impl Replica {
         let dt = until - self.now;
         if dt > 0.0 && !self.is_idle() {
             let mut seg = self.segment(perf);
-            let total = seg.pace.steps_in(until - seg.start).max(seg.done);
+            let total = max(seg.pace.steps_in(until - seg.start), seg.done);
             let steps = total - seg.done;
             seg.done = total;
             self.segment = Some(seg);
@@ -376,8 +396,8 @@ impl Replica {
             self.v += steps;
             self.generated_total += n * steps;
             let mut tokens = seg.pace.prefill * steps;
-            self.prompt_total += tokens.min(self.prefill_remaining);
-            self.prefill_remaining = (self.prefill_remaining - tokens).max(0.0);
+            self.prompt_total += min(tokens, self.prefill_remaining);
+            self.prefill_remaining = max(self.prefill_remaining - tokens, 0.0);
             while let Some(p) = self.prefilling.front_mut() {
                 if p.remaining > tokens + EPS {
                     p.remaining -= tokens;
@@ -476,14 +496,14 @@ pub fn run_until(
         let mut head_at = own_at;
         let mut head_pick = None;
         if let Some(h) = queue.front().filter(|h| h.arrival < own_at) {
-            let earliest = h.arrival.max(clock);
+            let earliest = max(h.arrival, clock);
             // The same test as admission's, so that a pick always admits.
             let footprint = h.footprint();
             for (i, (&open, &held)) in opens.iter().zip(&reserved).enumerate() {
                 if held + footprint > perf.kv_capacity {
                     continue;
                 }
-                let at = open.max(earliest);
+                let at = max(open, earliest);
                 if at < head_at {
                     head_at = at;
                     head_pick = Some(i);
@@ -502,7 +522,7 @@ pub fn run_until(
         let r = &mut *replicas[i];
         if head_pick.is_none() && at <= r.now + EPS {
             // A zero-length event (float noise): move on by a hair to guarantee progress.
-            at = (r.now + 1e-6).min(end);
+            at = min(r.now + 1e-6, end);
         }
         r.advance(at, perf, obs);
         r.admit(queue, perf, obs);
@@ -510,7 +530,7 @@ pub fn run_until(
         r.watched = None;
         let w = r.watch(perf);
         (owns[i], opens[i], reserved[i]) = (w.own, w.open, w.reserved);
-        clock = clock.max(at);
+        clock = max(clock, at);
     }
     for r in replicas.iter_mut() {
         r.advance(end, perf, obs);
