@@ -197,16 +197,55 @@ impl Envelope {
 
     /// The multiplier at `t` seconds since midnight of day 0.
     pub fn at(&self, t: f64) -> f64 {
-        // Whole hours and days as integers: a float remainder (`fmod`) and `floor` calls per
-        // arrival were a few percent of a simulation. The fraction of the hour is the same.
         let hours = t / 3600.0;
+        self.hour_of(t, hours).at(hours)
+    }
+
+    /// The hour holding `t` (`hours` = `t` / 3600, which the caller has at hand).
+    fn hour_of(&self, t: f64, hours: f64) -> Hour {
+        // Whole hours and days as integers: a float remainder (`fmod`) and `floor` calls per
+        // arrival were a few percent of a simulation.
         let whole = floor_i64(hours);
-        let frac = hours - whole as f64;
         let h = whole.rem_euclid(24) as usize;
         let a = self.hourly[h];
         let b = self.hourly[(h + 1) % 24];
         let day = floor_i64(t / 86_400.0).rem_euclid(7) as usize;
-        (a + (b - a) * frac) * self.weekly[day]
+        Hour {
+            start: whole as f64,
+            base: a,
+            slope: b - a,
+            day: self.weekly[day],
+        }
+    }
+}
+
+/// One hour of an [`Envelope`]: the multiplier is linear within it, so a replay keeps the hour
+/// it is in and looks the envelope up again only when it moves to the next.
+#[derive(Clone, Copy, Debug)]
+struct Hour {
+    /// Whole hours since midnight of day 0 at its start.
+    start: f64,
+    base: f64,
+    slope: f64,
+    /// The day of the week's multiplier.
+    day: f64,
+}
+
+impl Hour {
+    /// Before any hour: holds no time.
+    const NONE: Hour = Hour {
+        start: f64::INFINITY,
+        base: 0.0,
+        slope: 0.0,
+        day: 0.0,
+    };
+
+    fn holds(&self, hours: f64) -> bool {
+        hours >= self.start && hours < self.start + 1.0
+    }
+
+    fn at(&self, hours: f64) -> f64 {
+        (self.base + self.slope * (hours - self.start)) * self.day
     }
 }
 
@@ -239,6 +278,8 @@ pub struct Arrivals<'a> {
     index: usize,
     now: f64,
     wrap_gap: f64,
+    /// The envelope's hour `now` is in.
+    hour: Hour,
 }
 
 impl<'a> Arrivals<'a> {
@@ -251,6 +292,7 @@ impl<'a> Arrivals<'a> {
             index,
             now: 0.0,
             wrap_gap: trace.mean_gap(),
+            hour: Hour::NONE,
         }
     }
 }
@@ -274,7 +316,11 @@ impl Iterator for Arrivals<'_> {
         };
         // Wraps without an integer division per arrival.
         self.index = if next < reqs.len() { next } else { 0 };
-        self.now += gap / self.envelope.at(self.now);
+        let hours = self.now / 3600.0;
+        if !self.hour.holds(hours) {
+            self.hour = self.envelope.hour_of(self.now, hours);
+        }
+        self.now += gap / self.hour.at(hours);
         Some(arrival)
     }
 }
@@ -360,6 +406,30 @@ mod tests {
             .collect();
         for w in times.windows(2) {
             assert!((w[1] - w[0] - 0.5).abs() < 1e-9, "{times:?}");
+        }
+    }
+
+    #[test]
+    fn a_replay_keeps_its_hour_yet_follows_the_envelope_exactly() {
+        // Gaps of 60 s over a shape that changes every hour and every day: every arrival is
+        // the previous one plus its gap over the envelope at that time, across hour and day
+        // boundaries, bit for bit.
+        let mut body = String::from(HEADER);
+        for m in 0..60 {
+            body.push_str(&format!("2023-11-16 18:{m:02}:00,10,5\n"));
+        }
+        let trace = Trace::parse(&body).expect("valid");
+        let hourly: Vec<f64> = (0..24).map(|h| 0.5 + f64::from(h % 5)).collect();
+        let env = Envelope::new(&hourly)
+            .and_then(|e| e.with_weekly(&[1.0, 0.5, 2.0, 1.0, 1.0, 0.25, 3.0]))
+            .expect("valid envelope");
+        let times: Vec<f64> = Arrivals::new(&trace, &env, 0)
+            .take_while(|a| a.at < 8.0 * 86_400.0)
+            .map(|a| a.at)
+            .collect();
+        assert!(times.len() > 5_000, "{} arrivals", times.len());
+        for w in times.windows(2) {
+            assert_eq!(w[1], w[0] + 60.0 / env.at(w[0]), "after {}", w[0]);
         }
     }
 
