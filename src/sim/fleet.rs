@@ -75,7 +75,7 @@ struct Decoding {
 
 impl PartialEq for Decoding {
     fn eq(&self, other: &Self) -> bool {
-        self.finish_v.total_cmp(&other.finish_v) == Ordering::Equal
+        self.cmp(other) == Ordering::Equal
     }
 }
 impl Eq for Decoding {}
@@ -85,9 +85,11 @@ impl PartialOrd for Decoding {
     }
 }
 impl Ord for Decoding {
-    // Reversed: BinaryHeap is a max-heap, the earliest finish must come first.
+    // Reversed: BinaryHeap is a max-heap, the earliest finish must come first. `finish_v` is
+    // at least 1 (a sequence decodes a token or more), and the bits of positive floats are in
+    // their order: one integer comparison, where `total_cmp` first folds the sign into each.
     fn cmp(&self, other: &Self) -> Ordering {
-        other.finish_v.total_cmp(&self.finish_v)
+        other.finish_v.to_bits().cmp(&self.finish_v.to_bits())
     }
 }
 
