@@ -224,8 +224,9 @@ enum Done {
 
 /// Runs the policies and the ceiling's chunks on as many threads as the machine has, each
 /// thread taking the next task in turn: the long policy runs first, then the short chunks, so
-/// that the threads end together instead of one finishing the ceiling alone. (One thread per
-/// policy, the former layout, left one core idle for the last half second on two cores.)
+/// that the threads end together (with a thread per policy and per ceiling half, one core sat
+/// idle while the slowest finished). Results are put back in order: they do not depend on
+/// which thread ran what.
 fn run_in_parallel(
     scenario: &Scenario,
     trace: &Trace,
