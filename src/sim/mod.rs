@@ -301,3 +301,27 @@ fn run_in_parallel(
     );
     Ok((ceiling, outcomes))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_change_nothing_every_policy_and_minute_comes_back_in_its_place() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("data/traces/azure-llm-2023-conv.csv");
+        let trace = Trace::read(&path).expect("the shipped trace reads");
+        let mut sc = Scenario::default();
+        // Nine hours: three chunks of the ceiling (4 h, 4 h and 1 h) besides the six policies.
+        sc.run.days = 9.0 / 24.0;
+        let envelope = Envelope::new(&sc.envelope.hourly).expect("default envelope");
+        assert_eq!(ceiling::Plan::chunks_of(&sc), 3);
+
+        let (ceiling, outcomes) = run_in_parallel(&sc, &trace, &envelope).expect("runs");
+
+        assert_eq!(ceiling, ceiling::honest_ceiling(&sc, &trace, &envelope));
+        assert_eq!(ceiling.need.len(), 9 * 60);
+        let policies: Vec<_> = outcomes.iter().map(|o| o.result.policy).collect();
+        assert_eq!(policies, ScalingPolicy::ALL);
+    }
+}
