@@ -11,6 +11,10 @@
 //! under the same name, so up to [`TABLES_PER_OBJECT`] tables are kept per ScaledObject, the
 //! least recently used giving way. Entries are dropped with the ScaledObject's other state when
 //! it is no longer evaluated.
+//!
+//! Only evaluations keep tables: a ScaledObject that is only asked for its metric spec is never
+//! evaluated, so nothing would forget it. `GetMetricSpec` and a stream's start look a table up
+//! ([`Admitted::get`]) and parse it when it is not kept, keeping nothing.
 
 use std::{
     collections::HashMap,
@@ -49,11 +53,7 @@ impl Admitted {
         raw: &HashMap<String, String>,
         admit: impl FnOnce() -> Result<TriggerConfig, Error>,
     ) -> Result<Arc<TriggerConfig>, Error> {
-        if let Some(tables) = self.lock().get_mut(namespace).and_then(|n| n.get_mut(name))
-            && let Some(i) = tables.iter().position(|e| e.raw == *raw)
-        {
-            let config = tables[i].config.clone();
-            tables[..=i].rotate_right(1);
+        if let Some(config) = self.get(namespace, name, raw) {
             return Ok(config);
         }
         let config = Arc::new(admit()?);
@@ -73,6 +73,21 @@ impl Admitted {
         );
         tables.truncate(TABLES_PER_OBJECT);
         Ok(config)
+    }
+
+    /// The trigger kept for ScaledObject `namespace/name` if `raw` is a table it was admitted
+    /// from (which then becomes its most recently used); `None` otherwise, keeping nothing.
+    pub fn get(
+        &self,
+        namespace: &str,
+        name: &str,
+        raw: &HashMap<String, String>,
+    ) -> Option<Arc<TriggerConfig>> {
+        let mut entries = self.lock();
+        let tables = entries.get_mut(namespace)?.get_mut(name)?;
+        let i = tables.iter().position(|e| e.raw == *raw)?;
+        tables[..=i].rotate_right(1);
+        Some(tables[0].config.clone())
     }
 
     /// Drops what was kept for ScaledObject `namespace/name`.
@@ -149,6 +164,31 @@ mod tests {
         assert_eq!(calls.get(), 1);
         assert!(Arc::ptr_eq(&first, &second));
         assert_eq!(admitted.len(), 1);
+    }
+
+    #[test]
+    fn a_lookup_finds_only_an_admitted_table_and_keeps_nothing() {
+        let admitted = Admitted::default();
+        let calls = Cell::new(0);
+        let raw = table("llama");
+        assert!(admitted.get("inference", "chat", &raw).is_none());
+        assert!(admitted.is_empty());
+        let kept = admitted
+            .get_or_admit("inference", "chat", &raw, admit(&raw, &calls))
+            .expect("admitted");
+        let found = admitted
+            .get("inference", "chat", &table("llama"))
+            .expect("the same table is found");
+        assert!(Arc::ptr_eq(&kept, &found));
+        assert!(
+            admitted
+                .get("inference", "chat", &table("mistral"))
+                .is_none()
+        );
+        assert!(admitted.get("inference", "other", &raw).is_none());
+        assert!(admitted.get("training", "chat", &raw).is_none());
+        assert_eq!(admitted.len(), 1);
+        assert_eq!(calls.get(), 1);
     }
 
     #[test]

@@ -260,6 +260,20 @@ impl Scaler {
         Ok(config)
     }
 
+    /// Checks ScaledObject `namespace/name`'s trigger metadata as [`Scaler::admit`] does, from
+    /// the table its evaluations admitted when `raw_metadata` is that table; keeps nothing.
+    pub fn check(
+        &self,
+        namespace: &str,
+        name: &str,
+        raw_metadata: &std::collections::HashMap<String, String>,
+    ) -> Result<(), Error> {
+        if self.admitted.get(namespace, name, raw_metadata).is_some() {
+            return Ok(());
+        }
+        self.admit(namespace, raw_metadata).map(drop)
+    }
+
     /// Evaluates a ScaledObject's trigger and records the explanation.
     pub async fn evaluate(
         &self,

@@ -142,7 +142,8 @@ impl ExternalScaler for ScalerService {
     ) -> Result<Response<Self::StreamIsActiveStream>, Status> {
         let so = request.into_inner();
         // Reject bad metadata and refused sources up front rather than on the stream.
-        self.scaler.admit(&so.namespace, &so.scaler_metadata)?;
+        self.scaler
+            .check(&so.namespace, &so.name, &so.scaler_metadata)?;
         // One message in flight is enough: only transitions are sent.
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         let this = self.clone();
@@ -189,7 +190,9 @@ impl ExternalScaler for ScalerService {
     ) -> Result<Response<GetMetricSpecResponse>, Status> {
         let started = Instant::now();
         let so = request.get_ref();
-        let parsed = self.scaler.admit(&so.namespace, &so.scaler_metadata);
+        let parsed = self
+            .scaler
+            .check(&so.namespace, &so.name, &so.scaler_metadata);
         let code = parsed
             .as_ref()
             .map_or_else(Error::code, |_| tonic::Code::Ok);
