@@ -155,8 +155,8 @@ impl<'a> Plan<'a> {
     }
 }
 
-/// The fewest replicas for each of minutes `m0..m1`, reading `arrivals` from the first request of minute `m0`'s
-/// warm-up.
+/// The fewest replicas for each of minutes `m0..m1`, reading `arrivals` from the first request
+/// of minute `m0`'s warm-up.
 fn needs_of(sc: &Scenario, mut arrivals: Peekable<Arrivals<'_>>, m0: usize, m1: usize) -> Vec<u32> {
     let perf = Perf::new(&sc.model);
     let end = sc.run.days * 86_400.0;
