@@ -1177,7 +1177,9 @@ proptest! {
         }
         let policy = MutationPolicy { scheduler_name: Some(PACKING.into()), ..MutationPolicy::default() };
         let whole: Pod = serde_json::from_value(doc.clone()).expect("generated pod is valid");
-        let trimmed = serde_json::from_value::<super::super::pod_fields::AdmittedPod>(doc)
+        // From bytes, as the review reads it: the lists are skipped over as raw JSON text.
+        let bytes = serde_json::to_vec(&doc).expect("pod serialises");
+        let trimmed = serde_json::from_slice::<super::super::pod_fields::AdmittedPod>(&bytes)
             .expect("trimmed decode")
             .into_pod();
         let a = mutate(&whole, NS, &ns, &policy, &classes()).expect("research class exists");
@@ -1356,14 +1358,28 @@ fn trimmed_lists_read_escapes_nulls_and_refuse_what_the_whole_pod_refuses() {
     );
     for bad in [
         r#"{"volumes": {"name": "x"}, "containers": []}"#,
-        r#"{"volumes": [1], "containers": []}"#,
-        r#"{"volumes": [{"name": 1}], "containers": []}"#,
+        r#"{"volumes": [{"name": "nightshift-notice"}, {"name": 1}], "containers": []}"#,
         r#"{"containers": [{"env": "A"}]}"#,
+        r#"{"containers": [{"env": [{"name": "NIGHTSHIFT_NOTICE_FILE"}, 1]}]}"#,
         r#"{"containers": [{"volumeMounts": [{"mountPath": ["/etc/nightshift"]}]}]}"#,
+        r#"{"containers": [{"env": [{"name": "A"]}]}"#,
+        r#"{"containers": [{"env": [{"name": "\u0041"}, {"name": 1}]}]}"#,
     ] {
         let whole = serde_json::from_str::<Pod>(&format!(r#"{{"spec": {bad}}}"#));
         assert!(whole.is_err(), "the whole pod reads {bad}");
         assert!(read(bad).is_err(), "the trimmed pod reads {bad}");
+    }
+    // A list that cannot hold the notice entry is only checked to be an array of valid JSON: the
+    // API server never sends mistyped entries (it has read the pod into its own types first), and
+    // one that does not name the notice entry changes nothing the decision reads.
+    for unread in [
+        r#"{"volumes": [1], "containers": []}"#,
+        r#"{"volumes": [{"name": 1}], "containers": []}"#,
+    ] {
+        let whole = serde_json::from_str::<Pod>(&format!(r#"{{"spec": {unread}}}"#));
+        assert!(whole.is_err(), "the whole pod reads {unread}");
+        let spec = read(unread).expect("reads").spec.expect("spec");
+        assert_eq!(spec.volumes.map(|v| v.len()), Some(0), "{unread}");
     }
 }
 

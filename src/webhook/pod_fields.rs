@@ -14,9 +14,12 @@
 //! Of the lists of volumes, mounts and environment variables (dozens of entries in a real pod),
 //! the decision only asks whether the list is there and whether it holds the reclaim-notice
 //! entry: the volume named [`NOTICE_VOLUME`], a mount at [`NOTICE_MOUNT_PATH`], the variable
-//! [`NOTICE_FILE_ENV`]. So only those entries are kept; the others are read in place, borrowed
-//! from the body, and dropped without an allocation. A list that is present stays present (maybe
-//! empty), so the patch still appends to it rather than creating it.
+//! [`NOTICE_FILE_ENV`]. So a list is skipped over as raw JSON, and its entries are read only when
+//! its text could hold that entry (see `kept`); only that entry is kept. A list that is present
+//! stays present (maybe empty), so the patch still appends to it rather than creating it.
+//!
+//! Because the lists are read from the raw text, an [`AdmittedPod`] is decoded from JSON bytes or
+//! text with `serde_json` (`from_slice`, `from_str`), as the review does; not from a `Value`.
 
 use std::{borrow::Cow, collections::BTreeMap};
 
@@ -99,15 +102,38 @@ fn mirror_annotation<'de, D: Deserializer<'de>>(
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
             let mut kept = BTreeMap::new();
-            while let Some((key, value)) = map.next_entry::<Cow<'de, str>, Cow<'de, str>>()? {
+            while let Some(key) = map.next_key::<Cow<'de, str>>()? {
                 if key == MIRROR_POD_ANNOTATION {
-                    kept.insert(key.into_owned(), value.into_owned());
+                    let value = map.next_value::<String>()?;
+                    kept.insert(key.into_owned(), value);
+                } else {
+                    map.next_value::<AString>()?;
                 }
             }
             Ok(Some(kept))
         }
     }
     d.deserialize_option(Annotations)
+}
+
+/// A JSON string, checked and dropped: an annotation the decision does not read (often kilobytes
+/// of escaped `last-applied-configuration`, which a `String` would copy out).
+struct AString;
+
+impl<'de> Deserialize<'de> for AString {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = AString;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E>(self, _: &str) -> Result<AString, E> {
+                Ok(AString)
+            }
+        }
+        d.deserialize_str(Visitor)
+    }
 }
 
 /// The spec fields that decide and shape the mutation.
@@ -199,44 +225,41 @@ mod borrowed {
     }
 }
 
-/// An optional list of `B` (entries read in place) keeping, as `T`, only the entries `keep`
-/// returns. `null` reads as absent, as for `Option<Vec<T>>`.
-fn kept<'de, D, B, T>(d: D, keep: fn(B) -> Option<T>) -> Result<Option<Vec<T>>, D::Error>
+/// An optional list of `B` keeping, as `T`, only the entries `keep` returns. `null` reads as
+/// absent, as for `Option<Vec<T>>`.
+///
+/// The list is first skipped over as raw JSON (syntax and UTF-8 checked, nothing built), and its
+/// entries are read only when the text could hold the entry kept: when it contains `needle` (the
+/// name or path the entry is recognised by) or an escape that could spell it. A list of dozens of
+/// environment variables without the notice variable thus costs one scan, not a string per key
+/// and value. Entries that cannot be the kept one are not type-checked: the API server has read
+/// the pod into its own types before it sends it to a webhook, so a mistyped entry does not
+/// come from it, and one sent by anyone else changes nothing the decision reads.
+fn kept<'de, D, B, T>(
+    d: D,
+    needle: &str,
+    keep: fn(B) -> Option<T>,
+) -> Result<Option<Vec<T>>, D::Error>
 where
     D: Deserializer<'de>,
     B: Deserialize<'de>,
 {
-    use serde::de::{SeqAccess, Visitor};
-    use std::marker::PhantomData;
+    use serde::de::Error as _;
 
-    struct List<B, T>(fn(B) -> Option<T>, PhantomData<B>);
-    impl<'de, B: Deserialize<'de>, T> Visitor<'de> for List<B, T> {
-        type Value = Option<Vec<T>>;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a sequence")
-        }
-        fn visit_none<E>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_unit<E>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_some<D2: Deserializer<'de>>(self, d: D2) -> Result<Self::Value, D2::Error> {
-            d.deserialize_seq(self)
-        }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-            let mut out = Vec::new();
-            while let Some(entry) = seq.next_element::<B>()? {
-                out.extend((self.0)(entry));
-            }
-            Ok(Some(out))
-        }
+    let Some(raw) = Option::<&'de serde_json::value::RawValue>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let text = raw.get();
+    let may_hold = text.contains(needle) || text.contains('\\');
+    if text.starts_with('[') && !may_hold {
+        return Ok(Some(Vec::new()));
     }
-    d.deserialize_option(List(keep, PhantomData))
+    let entries: Vec<B> = serde_json::from_str(text).map_err(D::Error::custom)?;
+    Ok(Some(entries.into_iter().filter_map(keep).collect()))
 }
 
 fn notice_volumes<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Named>>, D::Error> {
-    kept(d, |v: borrowed::Named<'de>| {
+    kept(d, NOTICE_VOLUME, |v: borrowed::Named<'de>| {
         (v.name.as_deref() == Some(NOTICE_VOLUME)).then(|| Named {
             name: Some(NOTICE_VOLUME.to_string()),
         })
@@ -244,7 +267,7 @@ fn notice_volumes<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Named>>,
 }
 
 fn notice_env<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Named>>, D::Error> {
-    kept(d, |e: borrowed::Named<'de>| {
+    kept(d, NOTICE_FILE_ENV, |e: borrowed::Named<'de>| {
         (e.name.as_deref() == Some(NOTICE_FILE_ENV)).then(|| Named {
             name: Some(NOTICE_FILE_ENV.to_string()),
         })
@@ -253,7 +276,7 @@ fn notice_env<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Named>>, D::
 
 fn notice_mounts<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<AdmittedMount>>, D::Error> {
     // `/etc/nightshift/` and `/etc/nightshift` are one mount point (as `mutate` compares them).
-    kept(d, |m: borrowed::AdmittedMount<'de>| {
+    kept(d, NOTICE_MOUNT_PATH, |m: borrowed::AdmittedMount<'de>| {
         let path = m.mount_path?;
         (path.trim_end_matches('/') == NOTICE_MOUNT_PATH).then(|| AdmittedMount {
             name: m.name.map(Cow::into_owned),
