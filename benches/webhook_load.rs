@@ -8,7 +8,8 @@
 //! servers' ([`pinning`]). Then:
 //! 1. a fixed rate (`NIGHTSHIFT_BENCH_RATE`, default 2000 reviews/s) over 100 keep-alive
 //!    connections for `NIGHTSHIFT_BENCH_SECS` (default 10) seconds, on the webhook and then on the
-//!    floor, each reported with p50/p90/p99/max and the server threads' CPU per request;
+//!    floor, each reported with p50/p90/p99/max, the server threads' CPU per request and how
+//!    often they ran out of work and slept (per request);
 //! 2. if `wrk` is installed, saturation of each with `wrk -c100 --latency` (pinned like the
 //!    generator) for the maximum sustained rate and the server's CPU per request there;
 //! 3. the ratios of webhook to floor, measured in this one run.
@@ -263,19 +264,39 @@ fn transport_floor_router() -> axum::Router {
     )
 }
 
-/// CPU seconds (user + system) used so far by this process's threads named `SERVER_THREAD`.
-fn server_cpu_seconds() -> f64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0.0;
-    };
-    tasks
-        .flatten()
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm"))
-                .is_ok_and(|c| c.trim_end().starts_with(SERVER_THREAD))
-        })
-        .map(|t| cpu_time::cpu_seconds(&t.path()))
-        .sum()
+/// What this process's threads named `SERVER_THREAD` have used so far.
+#[derive(Clone, Copy, Default)]
+struct ServerUsage {
+    /// CPU seconds (user + system).
+    cpu: f64,
+    /// Times a server thread found no work and slept ([`cpu_time::sleeps`]).
+    sleeps: u64,
+}
+
+impl ServerUsage {
+    fn now() -> Self {
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return Self::default();
+        };
+        tasks
+            .flatten()
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| c.trim_end().starts_with(SERVER_THREAD))
+            })
+            .fold(Self::default(), |sum, t| Self {
+                cpu: sum.cpu + cpu_time::cpu_seconds(&t.path()),
+                sleeps: sum.sleeps + cpu_time::sleeps(&t.path()),
+            })
+    }
+
+    /// What was used since `before`.
+    fn since(self, before: Self) -> Self {
+        Self {
+            cpu: self.cpu - before.cpu,
+            sleeps: self.sleeps.saturating_sub(before.sleeps),
+        }
+    }
 }
 
 /// A fixed request rate spread over `CONNECTIONS` keep-alive connections, sent by a generator
@@ -301,13 +322,15 @@ struct Summary {
     cpu_per_request: f64,
     /// Server threads' CPU as a share of one core.
     cpu_share: f64,
+    /// Times the server threads slept, per answered request.
+    sleeps_per_request: f64,
 }
 
 impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} requests ({:.0}/s achieved), errors {}, p50 {:?}, p90 {:?}, p99 {:?}, max {:?}; server threads {:.0} % of one core ({:.0} µs CPU per request)",
+            "{} requests ({:.0}/s achieved), errors {}, p50 {:?}, p90 {:?}, p99 {:?}, max {:?}; server threads {:.0} % of one core ({:.0} µs CPU and {:.2} sleeps per request)",
             self.requests,
             self.achieved,
             self.errors,
@@ -317,6 +340,7 @@ impl std::fmt::Display for Summary {
             self.max,
             self.cpu_share * 100.0,
             self.cpu_per_request * 1e6,
+            self.sleeps_per_request,
         )
     }
 }
@@ -343,13 +367,13 @@ impl FixedRate<'_> {
         let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
         let ready = lines.next().and_then(Result::ok).unwrap_or_default();
         assert_eq!(ready, "ready", "the generator did not start");
-        let cpu_before = server_cpu_seconds();
+        let before = ServerUsage::now();
         let started = Instant::now();
         let mut stdin = child.stdin.take().expect("stdin");
         writeln!(stdin, "go").expect("start the generator");
         let result = lines.next().and_then(Result::ok).unwrap_or_default();
         let elapsed = started.elapsed().as_secs_f64();
-        let cpu = server_cpu_seconds() - cpu_before;
+        let used = ServerUsage::now().since(before);
         let _ = child.wait();
         let f: Vec<f64> = result
             .split_whitespace()
@@ -367,8 +391,9 @@ impl FixedRate<'_> {
             p90: us(p90),
             p99: us(p99),
             max: us(max),
-            cpu_per_request: cpu / requests.max(1.0),
-            cpu_share: cpu / elapsed,
+            cpu_per_request: used.cpu / requests.max(1.0),
+            cpu_share: used.cpu / elapsed,
+            sleeps_per_request: used.sleeps as f64 / requests.max(1.0),
         }
     }
 }
@@ -457,18 +482,20 @@ struct Saturation {
     p99: String,
     cpu_per_request: f64,
     cpu_share: f64,
+    sleeps_per_request: f64,
 }
 
 impl std::fmt::Display for Saturation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{:.0} requests/s, p50 {}, p99 {}; server threads {:.0} % of one core ({:.0} µs CPU per request)",
+            "{:.0} requests/s, p50 {}, p99 {}; server threads {:.0} % of one core ({:.0} µs CPU and {:.3} sleeps per request)",
             self.rate,
             self.p50,
             self.p99,
             self.cpu_share * 100.0,
-            self.cpu_per_request * 1e6
+            self.cpu_per_request * 1e6,
+            self.sleeps_per_request,
         )
     }
 }
@@ -476,7 +503,7 @@ impl std::fmt::Display for Saturation {
 impl Saturation {
     /// `wrk` with one thread per generator core and `CONNECTIONS` connections on `url`.
     fn run(wrk: &Path, script: &Path, url: &str, secs: u64, pinning: &Pinning) -> Self {
-        let cpu_before = server_cpu_seconds();
+        let before = ServerUsage::now();
         let started = Instant::now();
         let out = Pinning::command(pinning.generator.as_deref(), wrk)
             .args([
@@ -491,7 +518,7 @@ impl Saturation {
             .output()
             .expect("run wrk");
         let elapsed = started.elapsed().as_secs_f64();
-        let cpu = server_cpu_seconds() - cpu_before;
+        let used = ServerUsage::now().since(before);
         let text = String::from_utf8_lossy(&out.stdout);
         let field = |prefix: &str| {
             text.lines()
@@ -512,8 +539,9 @@ impl Saturation {
             rate,
             p50: field("50%"),
             p99: field("99%"),
-            cpu_per_request: cpu / requests.max(1.0),
-            cpu_share: cpu / elapsed,
+            cpu_per_request: used.cpu / requests.max(1.0),
+            cpu_share: used.cpu / elapsed,
+            sleeps_per_request: used.sleeps as f64 / requests.max(1.0),
         }
     }
 }

@@ -1,5 +1,5 @@
 //! CPU time of a process or thread from `/proc`, for the benchmarks that report what the server
-//! under load spent per request.
+//! under load spent per request, and how often a thread went to sleep.
 //!
 //! Read from `schedstat`, the scheduler's own count of the nanoseconds a thread ran (user and
 //! kernel alike), not from `stat`'s user and system times: those are sampled at each clock tick
@@ -34,6 +34,19 @@ pub fn cpu_seconds(task: &Path) -> f64 {
             .unwrap_or(0)
     };
     (field(11) + field(12)) as f64 / TICKS_PER_SECOND
+}
+
+/// How many times thread `task` (a `/proc/<pid>/task/<tid>` directory) gave up its core of its
+/// own accord: each time it found nothing to do and slept (`voluntary_ctxt_switches`); 0 when it
+/// cannot be read.
+#[allow(dead_code)] // each bench includes this file and uses what it needs
+pub fn sleeps(task: &Path) -> u64 {
+    std::fs::read_to_string(task.join("status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// CPU seconds the live threads of process `pid` have run, summed.
