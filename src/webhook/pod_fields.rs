@@ -18,8 +18,8 @@
 //! its text could hold that entry (see `kept`); only that entry is kept. A list that is present
 //! stays present (maybe empty), so the patch still appends to it rather than creating it.
 //!
-//! Because the lists are read from the raw text, an [`AdmittedPod`] is decoded from JSON bytes or
-//! text with `serde_json` (`from_slice`, `from_str`), as the review does; not from a `Value`.
+//! Because the lists are read from the raw text, an [`AdmittedPod`] is decoded from JSON text or
+//! bytes with `serde_json` (`from_str`, as the review does, or `from_slice`); not from a `Value`.
 
 use std::{borrow::Cow, collections::BTreeMap};
 

@@ -295,9 +295,15 @@ fn deny(response: AdmissionResponse, denial: &Denial) -> AdmissionResponse {
 /// their typed form ([`AdmittedPod`]); only when that fails is the body parsed again, loosely, to
 /// tell the caller precisely what is wrong (and to echo the uid when there is one).
 ///
+/// The whole body is checked to be UTF-8 first, in one pass (JSON text is UTF-8, and the API
+/// server sends nothing else), and then parsed as text: the parser then checks no string on its
+/// own, where parsing bytes checked each string it read and each list it skipped as raw text,
+/// and let a string it only skipped hold any bytes.
+///
 /// Public so that the fuzz targets drive exactly the parser [`Reviewer::review`] uses.
 pub fn parse(body: &[u8]) -> Result<AdmissionRequest<AdmittedPod>, ReviewError> {
-    let typed_error = match serde_json::from_slice::<AdmissionReview<AdmittedPod>>(body) {
+    let body = std::str::from_utf8(body).map_err(|e| ReviewError::NotAReview(e.to_string()))?;
+    let typed_error = match serde_json::from_str::<AdmissionReview<AdmittedPod>>(body) {
         Ok(review) => {
             check_types(&review.types)?;
             let request: AdmissionRequest<AdmittedPod> =
@@ -308,7 +314,7 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest<AdmittedPod>, ReviewError> 
         Err(e) => e,
     };
     let loose: AdmissionReview<DynamicObject> =
-        serde_json::from_slice(body).map_err(|e| ReviewError::NotAReview(e.to_string()))?;
+        serde_json::from_str(body).map_err(|e| ReviewError::NotAReview(e.to_string()))?;
     check_types(&loose.types)?;
     let request: AdmissionRequest<DynamicObject> =
         loose.try_into().map_err(|_| ReviewError::MissingRequest)?;
@@ -395,8 +401,25 @@ fn encode(response: AdmissionResponse) -> Result<Vec<u8>, ReviewError> {
             warnings: response.warnings.as_deref(),
         },
     };
-    serde_json::to_vec(&out).map_err(|e| ReviewError::Encode(e.to_string()))
+    // Sized once for the whole answer (the patch's base64, the warnings, and the uid, status and
+    // keys within `ANSWER_FRAME`), where growing from serde_json's default of 128 bytes took
+    // five reallocations, each copying what was written so far.
+    let warnings: usize = out
+        .response
+        .warnings
+        .unwrap_or_default()
+        .iter()
+        .map(String::len)
+        .sum();
+    let patch = out.response.patch.as_ref().map_or(0, |p| p.get().len());
+    let mut bytes = Vec::with_capacity(ANSWER_FRAME + warnings + patch);
+    serde_json::to_writer(&mut bytes, &out).map_err(|e| ReviewError::Encode(e.to_string()))?;
+    Ok(bytes)
 }
+
+/// Room in an answer for all but its patch and warnings: the keys, the uid and the status
+/// (about 250 bytes for an allowed review), and the quotes and commas around each warning.
+const ANSWER_FRAME: usize = 512;
 
 /// `bytes` in base64 between double quotes, as a JSON string ready to be written.
 fn quoted_base64(bytes: &[u8]) -> Result<Box<serde_json::value::RawValue>, serde_json::Error> {

@@ -164,6 +164,22 @@ async fn requests_without_a_review_to_answer_get_http_400() {
 }
 
 #[tokio::test]
+async fn a_review_that_is_not_utf8_text_gets_http_400_even_where_no_field_is_read() {
+    let server = Server::start(research_cluster()).await;
+    // A byte that is never UTF-8 (0xFF) in the image, a field the decision does not read and the
+    // parser only skips.
+    let text = admission_review("u", "research", gpu_pod(json!({})), false).to_string();
+    let at = text.find("trainer:1").expect("the image is in the review");
+    let mut body = text.into_bytes();
+    body[at] = 0xFF;
+    let (status, text) = post(&server, body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    assert!(text.contains("not an AdmissionReview"), "{text}");
+    assert!(text.contains("utf-8"), "{text}");
+    assert_eq!(server.metrics.admissions(Outcome::Invalid), 1);
+}
+
+#[tokio::test]
 async fn reviews_with_an_unusable_object_get_an_invalid_response_echoing_the_uid() {
     let server = Server::start(research_cluster()).await;
     let mut deployment = admission_review("uid-deploy", "research", json!({}), false);
