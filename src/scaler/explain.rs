@@ -25,7 +25,7 @@ use crate::sources::idle::{IDLE, IdleMap};
 #[serde(rename_all = "camelCase")]
 pub struct TermView {
     /// `waiting`, `running`, `kvCache`, `generationTokens`, `promptTokens` or `query`.
-    pub signal: String,
+    pub signal: &'static str,
     /// The total over pods as read from the source.
     pub raw: f64,
     /// The per-replica target.
@@ -40,15 +40,17 @@ pub struct TermView {
 pub struct Explanation {
     pub namespace: String,
     pub name: String,
-    /// RFC 3339 time of the evaluation.
-    pub at: String,
+    /// Time of the evaluation, written in RFC 3339 (formatted when the explanation is read, not
+    /// on every evaluation).
+    #[serde(serialize_with = "rfc3339")]
+    pub at: jiff::Timestamp,
     /// Where the readings came from.
     pub source: String,
     /// Pods that contributed readings.
     pub pods: Option<usize>,
     pub terms: Vec<TermView>,
     /// The signal with the largest ratio.
-    pub driver: Option<String>,
+    pub driver: Option<&'static str>,
     /// Demand reported, in replicas: the largest ratio, or the forecast's demand when it decided.
     pub replicas: Option<f64>,
     /// What `GetMetrics` reports (`replicas × 100`, against a target of 100).
@@ -64,6 +66,11 @@ pub struct Explanation {
     /// The learned capacity, for a trigger with `capacity: learned`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub capacity: Option<CapacityView>,
+}
+
+/// A timestamp as RFC 3339 text (`jiff`'s display form), written straight into the output.
+fn rfc3339<S: serde::Serializer>(at: &jiff::Timestamp, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(at)
 }
 
 /// What the learned capacity did in one evaluation.
@@ -205,7 +212,7 @@ mod tests {
         Explanation {
             namespace: "team-a".into(),
             name: name.into(),
-            at: "2026-11-30T00:00:00Z".into(),
+            at: "2026-11-30T00:00:00Z".parse().expect("an RFC 3339 time"),
             source: "test".into(),
             pods: Some(1),
             terms: Vec::new(),
@@ -246,6 +253,22 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec!["kept"]
         );
+    }
+
+    #[test]
+    fn the_time_and_signals_read_as_text() {
+        let mut e = explanation("a");
+        e.terms.push(TermView {
+            signal: "waiting",
+            raw: 3.0,
+            target: 5.0,
+            ratio: 0.6,
+        });
+        e.driver = Some("waiting");
+        let json = serde_json::to_value(&e).expect("serialises");
+        assert_eq!(json["at"], "2026-11-30T00:00:00Z");
+        assert_eq!(json["terms"][0]["signal"], "waiting");
+        assert_eq!(json["driver"], "waiting");
     }
 
     #[test]

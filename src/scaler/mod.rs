@@ -289,7 +289,7 @@ impl Scaler {
         let mut explanation = Explanation {
             namespace: namespace.to_string(),
             name: name.to_string(),
-            at: jiff::Timestamp::now().to_string(),
+            at: jiff::Timestamp::now(),
             source: describe(&config.source),
             pods: None,
             terms: Vec::new(),
@@ -406,12 +406,12 @@ impl Scaler {
             };
             let replicas = value / raw.target;
             explanation.terms.push(TermView {
-                signal: "query".into(),
+                signal: "query",
                 raw: value,
                 target: raw.target,
                 ratio: replicas,
             });
-            explanation.driver = Some("query".into());
+            explanation.driver = Some("query");
             let metric_value = replicas * demand::METRIC_TARGET;
             return Ok(Evaluation {
                 replicas,
@@ -458,13 +458,13 @@ impl Scaler {
             .terms
             .iter()
             .map(|t| TermView {
-                signal: t.signal.name().into(),
+                signal: t.signal.name(),
                 raw: t.total,
                 target: t.target,
                 ratio: t.ratio,
             })
             .collect();
-        explanation.driver = decision.driver.map(|s| s.name().to_string());
+        explanation.driver = decision.driver.map(Signal::name);
         Ok(Evaluation {
             replicas: decision.replicas,
             metric_value: decision.metric_value(),

@@ -62,7 +62,7 @@ async fn the_default_trigger_learns_capacity_while_requests_queue() {
     );
     assert_eq!(view.utilization, 0.6);
     assert!(view.state.starts_with("learning"), "{}", view.state);
-    let signals: Vec<&str> = e.terms.iter().map(|t| t.signal.as_str()).collect();
+    let signals: Vec<&str> = e.terms.iter().map(|t| t.signal).collect();
     assert_eq!(signals, ["waiting"]);
 
     // Requests wait behind every pod: each evaluation is a saturated sample.
@@ -208,7 +208,7 @@ async fn hand_set_token_targets_win_over_learned_ones() {
     let generated = target("generationTokens").expect("learned");
     assert!(close(generated, 0.5 * GENERATED, 0.03), "{e:?}");
     // Prompt tokens at 3000/s against the hand-set 100 per replica: 30 replicas.
-    assert_eq!(e.driver.as_deref(), Some("promptTokens"));
+    assert_eq!(e.driver, Some("promptTokens"));
 }
 
 #[tokio::test]

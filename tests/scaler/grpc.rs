@@ -76,7 +76,7 @@ async fn demand_sums_engines_and_pods_and_reads_old_names() {
         .decisions()
         .get("team-a", "llama")
         .expect("explained");
-    assert_eq!(explained.driver.as_deref(), Some("kvCache"));
+    assert_eq!(explained.driver, Some("kvCache"));
     assert_eq!(explained.pods, Some(2));
     let waiting = explained
         .terms
@@ -193,7 +193,7 @@ async fn prompt_token_rates_come_from_their_own_counters() {
         .decisions()
         .get("team-a", "llama")
         .expect("explained");
-    assert_eq!(explained.driver.as_deref(), Some("promptTokens"));
+    assert_eq!(explained.driver, Some("promptTokens"));
     assert!(
         explained.terms.iter().any(|t| t.signal == "promptTokens"),
         "{explained:?}"

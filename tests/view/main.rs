@@ -40,11 +40,11 @@ fn decision(at: Timestamp, demand: f64) -> Explanation {
     Explanation {
         namespace: "inference".into(),
         name: "llama".into(),
-        at: at.to_string(),
+        at,
         source: "pods of service llama-vllm".into(),
         pods: Some(demand.ceil() as usize),
         terms: Vec::new(),
-        driver: Some("waiting".into()),
+        driver: Some("waiting"),
         replicas: Some(demand),
         metric_value: Some(demand * 100.0),
         active: Some(true),
