@@ -78,10 +78,10 @@ fuzz_target!(|body: &[u8]| {
                     serde_json::to_string(&first.patch).unwrap_or_default()
                 );
             }
-            // From bytes, as the webhook reads a pod (its lists are skipped as raw text).
-            let bytes = serde_json::to_vec(&patched).expect("the patched pod serialises");
+            // From JSON text, as the webhook reads a pod (its lists are skipped as raw text).
+            let text = serde_json::to_string(&patched).expect("the patched pod serialises");
             let again: AdmittedPod =
-                serde_json::from_slice(&bytes).expect("the patched pod reads back");
+                serde_json::from_str(&text).expect("the patched pod reads back");
             let second = mutate(&again.into_pod(), namespace, labels, &policy, &classes)
                 .expect("a marked pod is not denied");
             assert!(

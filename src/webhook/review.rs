@@ -295,10 +295,10 @@ fn deny(response: AdmissionResponse, denial: &Denial) -> AdmissionResponse {
 /// their typed form ([`AdmittedPod`]); only when that fails is the body parsed again, loosely, to
 /// tell the caller precisely what is wrong (and to echo the uid when there is one).
 ///
-/// The whole body is checked to be UTF-8 first, in one pass (JSON text is UTF-8, and the API
-/// server sends nothing else), and then parsed as text: the parser then checks no string on its
-/// own, where parsing bytes checked each string it read and each list it skipped as raw text,
-/// and let a string it only skipped hold any bytes.
+/// The body is checked to be UTF-8 once, as a whole (JSON text is UTF-8, and the API server sends
+/// nothing else), and parsed as text, so the parser checks no string again. Parsing bytes instead
+/// checked each string it decoded and each list it skipped as raw text, and never the strings it
+/// only skipped.
 ///
 /// Public so that the fuzz targets drive exactly the parser [`Reviewer::review`] uses.
 pub fn parse(body: &[u8]) -> Result<AdmissionRequest<AdmittedPod>, ReviewError> {
