@@ -442,7 +442,11 @@ mod tests {
             .expect("not denied");
         assert_eq!(m.selection, Classification::Research { gpu: true });
         let mut doc = serde_json::to_value(&created).expect("pod serialises");
-        json_patch::patch(&mut doc, &m.patch.0).expect("patch applies");
+        json_patch::patch(
+            &mut doc,
+            &m.patch.operations().expect("the patch is JSON").0,
+        )
+        .expect("patch applies");
         doc["spec"]["nodeName"] = "gpu-a".into();
         let admitted: Pod = serde_json::from_value(doc).expect("patched pod");
         let spec = admitted.spec.as_ref().expect("spec");

@@ -71,11 +71,18 @@ fuzz_target!(|body: &[u8]| {
             let Ok(first) = mutate(&pod, namespace, labels, &policy, &classes) else {
                 continue;
             };
+            let operations = match first.patch.operations() {
+                Ok(operations) => operations,
+                Err(e) => panic!(
+                    "the patch is not JSON Patch: {e}\npatch: {}",
+                    first.patch.as_str()
+                ),
+            };
             let mut patched = sent.clone();
-            if let Err(e) = json_patch::patch(&mut patched, &first.patch.0) {
+            if let Err(e) = json_patch::patch(&mut patched, &operations.0) {
                 panic!(
                     "patch does not apply: {e}\npatch: {}\nobject: {sent}",
-                    serde_json::to_string(&first.patch).unwrap_or_default()
+                    first.patch.as_str()
                 );
             }
             // From JSON text, as the webhook reads a pod (its lists are skipped as raw text).
@@ -85,9 +92,9 @@ fuzz_target!(|body: &[u8]| {
             let second = mutate(&again.into_pod(), namespace, labels, &policy, &classes)
                 .expect("a marked pod is not denied");
             assert!(
-                second.patch.0.is_empty(),
+                second.patch.is_empty(),
                 "second pass not empty: {}\npatched: {patched}",
-                serde_json::to_string(&second.patch).unwrap_or_default()
+                second.patch.as_str()
             );
         }
     }

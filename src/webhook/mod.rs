@@ -310,7 +310,7 @@ mod tests {
         let m = mutate::mutate(&pod, "team-a", &BTreeMap::new(), &policy, &classes)
             .expect("not denied");
         assert_eq!(m.selection, Classification::Research { gpu: true });
-        let patch = serde_json::to_string(&m.patch).expect("patch");
+        let patch = m.patch.as_str();
         assert!(
             patch.contains(r#""path":"/spec/priorityClassName","value":"scavenger""#),
             "{patch}"

@@ -8,15 +8,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use json_patch::{
-    AddOperation, Patch, PatchOperation, ReplaceOperation,
-    jsonptr::{PointerBuf, Token},
-};
 use k8s_openapi::api::core::v1::{
-    Container, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec, PreferredSchedulingTerm,
-    Toleration,
+    Affinity, Container, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    Pod, PodSpec, PreferredSchedulingTerm, Toleration,
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::vocabulary::{
     NOTICE_FILE, NOTICE_FILE_ENV, NOTICE_MOUNT_PATH, NOTICE_VOLUME, Vocabulary,
@@ -201,7 +197,7 @@ pub enum Classification {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mutation {
     pub selection: Classification,
-    pub patch: Patch,
+    pub patch: JsonPatch,
     pub warnings: Vec<String>,
 }
 
@@ -209,7 +205,7 @@ impl Mutation {
     fn skipped(reason: SkipReason) -> Self {
         Self {
             selection: Classification::Skipped(reason),
-            patch: Patch(Vec::new()),
+            patch: JsonPatch::default(),
             warnings: Vec::new(),
         }
     }
@@ -350,23 +346,19 @@ fn priority(
     };
     // The Priority admission plugin re-checks the pod after webhooks and rejects a pod whose
     // priority or preemptionPolicy disagree with its class: always set the triple together.
-    let before = b.ops.len();
+    let before = b.ops;
     b.set(
         &["spec", "priorityClassName"],
-        spec.priority_class_name.as_deref().map(|s| json!(s)),
-        json!(name),
+        spec.priority_class_name.as_deref(),
+        name.as_str(),
     );
-    b.set(
-        &["spec", "priority"],
-        spec.priority.map(|p| json!(p)),
-        json!(info.value),
-    );
+    b.set(&["spec", "priority"], spec.priority.as_ref(), &info.value);
     b.set(
         &["spec", "preemptionPolicy"],
-        spec.preemption_policy.as_deref().map(|s| json!(s)),
-        json!(info.preemption_policy),
+        spec.preemption_policy.as_deref(),
+        info.preemption_policy.as_str(),
     );
-    if b.ops.len() > before {
+    if b.ops > before {
         b.warn(format!(
             "nightshift: research pod: PriorityClass {name:?} (priority {}, preemptionPolicy {}), \
              preemptible at any time",
@@ -483,28 +475,31 @@ fn node_affinity(b: &mut Builder, spec: &PodSpec, policy: &MutationPolicy) {
     if !need_required && !need_preferred {
         return;
     }
-    let new_term = || json!({"matchExpressions": required.iter().map(to_json).collect::<Vec<_>>()});
-    let new_required = || json!({"nodeSelectorTerms": [new_term()]});
+    let new_term = || NodeSelectorTerm {
+        match_expressions: Some(required.clone()),
+        match_fields: None,
+    };
+    let new_required = || NodeSelector {
+        node_selector_terms: vec![new_term()],
+    };
 
     if node_affinity.is_none() {
         // Create the whole nodeAffinity (and affinity) in one operation.
-        let mut na = serde_json::Map::new();
-        if need_required {
-            na.insert(
-                "requiredDuringSchedulingIgnoredDuringExecution".into(),
-                new_required(),
-            );
-        }
-        if need_preferred {
-            na.insert(
-                "preferredDuringSchedulingIgnoredDuringExecution".into(),
-                json!([preferred.as_ref().map(to_json)]),
-            );
-        }
+        let na = NodeAffinity {
+            required_during_scheduling_ignored_during_execution: need_required.then(new_required),
+            preferred_during_scheduling_ignored_during_execution: preferred
+                .clone()
+                .filter(|_| need_preferred)
+                .map(|p| vec![p]),
+        };
         if spec.affinity.is_none() {
-            b.add(&["spec", "affinity"], json!({ "nodeAffinity": na }));
+            let affinity = Affinity {
+                node_affinity: Some(na),
+                ..Affinity::default()
+            };
+            b.add(&["spec", "affinity"], &affinity);
         } else {
-            b.add(&["spec", "affinity", "nodeAffinity"], Value::Object(na));
+            b.add(&["spec", "affinity", "nodeAffinity"], &na);
         }
     } else {
         const NA: [&str; 3] = ["spec", "affinity", "nodeAffinity"];
@@ -512,12 +507,12 @@ fn node_affinity(b: &mut Builder, spec: &PodSpec, policy: &MutationPolicy) {
         const PREF: &str = "preferredDuringSchedulingIgnoredDuringExecution";
         if need_required {
             match required_terms {
-                None => b.add(&[NA[0], NA[1], NA[2], REQ], new_required()),
+                None => b.add(&[NA[0], NA[1], NA[2], REQ], &new_required()),
                 // No terms: the list may be absent (or null) in the object as sent, where an
                 // append would not apply. Set the whole list.
                 Some(sel) if sel.node_selector_terms.is_empty() => b.add(
                     &[NA[0], NA[1], NA[2], REQ, "nodeSelectorTerms"],
-                    json!([new_term()]),
+                    &[new_term()],
                 ),
                 Some(sel) => {
                     // Terms are ORed: AND the requirements into every one of them.
@@ -525,14 +520,10 @@ fn node_affinity(b: &mut Builder, spec: &PodSpec, policy: &MutationPolicy) {
                         let idx = i.to_string();
                         let base = [NA[0], NA[1], NA[2], REQ, "nodeSelectorTerms", &idx];
                         if sel.node_selector_terms[i].match_expressions.is_none() {
-                            let all: Vec<Value> = missing.into_iter().map(to_json).collect();
-                            b.add(&[&base[..], &["matchExpressions"]].concat(), json!(all));
+                            b.add(&[&base[..], &["matchExpressions"]].concat(), &missing);
                         } else {
                             for req in missing {
-                                b.add(
-                                    &[&base[..], &["matchExpressions", "-"]].concat(),
-                                    to_json(req),
-                                );
+                                b.add(&[&base[..], &["matchExpressions", "-"]].concat(), req);
                             }
                         }
                     }
@@ -541,8 +532,8 @@ fn node_affinity(b: &mut Builder, spec: &PodSpec, policy: &MutationPolicy) {
         }
         if let (true, Some(pref)) = (need_preferred, &preferred) {
             match preferred_terms {
-                None => b.add(&[NA[0], NA[1], NA[2], PREF], json!([to_json(pref)])),
-                Some(_) => b.add(&[NA[0], NA[1], NA[2], PREF, "-"], to_json(pref)),
+                None => b.add(&[NA[0], NA[1], NA[2], PREF], std::slice::from_ref(pref)),
+                Some(_) => b.add(&[NA[0], NA[1], NA[2], PREF, "-"], pref),
             }
         }
     }
@@ -582,8 +573,8 @@ fn scheduler_name(b: &mut Builder, spec: &PodSpec, profile: &str) {
         None | Some("") | Some(DEFAULT_SCHEDULER) => {
             b.set(
                 &["spec", "schedulerName"],
-                spec.scheduler_name.as_deref().map(|s| json!(s)),
-                json!(profile),
+                spec.scheduler_name.as_deref(),
+                profile,
             );
             b.note_later(format!(
                 "nightshift: scheduled by profile {profile:?}, which packs research onto few \
@@ -619,12 +610,27 @@ fn tolerates(tol: &Toleration, taint: &PoolTaint) -> bool {
     effect_ok && key_ok && value_ok
 }
 
-fn toleration_for(taint: &PoolTaint) -> Value {
-    match &taint.value {
-        None => json!({"key": taint.key, "operator": "Exists", "effect": taint.effect}),
-        Some(v) => {
-            json!({"key": taint.key, "operator": "Equal", "value": v, "effect": taint.effect})
-        }
+/// The toleration a pool taint asks for, as written into the patch.
+#[derive(serde::Serialize)]
+struct PoolToleration<'a> {
+    key: &'a str,
+    operator: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<&'a str>,
+    effect: &'a str,
+}
+
+fn toleration_for(taint: &PoolTaint) -> PoolToleration<'_> {
+    PoolToleration {
+        key: &taint.key,
+        // A taint without a value stands for any value: only `Exists` tolerates that.
+        operator: if taint.value.is_some() {
+            "Equal"
+        } else {
+            "Exists"
+        },
+        value: taint.value.as_deref(),
+        effect: &taint.effect,
     }
 }
 
@@ -638,13 +644,11 @@ fn tolerations(b: &mut Builder, spec: &PodSpec, taints: &[PoolTaint]) {
         return;
     }
     if spec.tolerations.is_none() {
-        b.add(
-            &["spec", "tolerations"],
-            Value::Array(missing.iter().map(|t| toleration_for(t)).collect()),
-        );
+        let all: Vec<PoolToleration<'_>> = missing.iter().map(|t| toleration_for(t)).collect();
+        b.add(&["spec", "tolerations"], &all);
     } else {
         for t in &missing {
-            b.add(&["spec", "tolerations", "-"], toleration_for(t));
+            b.add(&["spec", "tolerations", "-"], &toleration_for(t));
         }
     }
     let keys: Vec<&str> = missing.iter().map(|t| t.key.as_str()).collect();
@@ -656,17 +660,17 @@ fn tolerations(b: &mut Builder, spec: &PodSpec, taints: &[PoolTaint]) {
 
 fn lent_label(b: &mut Builder, pod: &Pod, key: &str) {
     match pod.metadata.labels.as_ref() {
-        None => b.add(&["metadata", "labels"], json!({ key: TRUE })),
+        None => b.add(&["metadata", "labels"], &BTreeMap::from([(key, TRUE)])),
         Some(labels) if labels.get(key).is_some_and(|v| v == TRUE) => {}
-        Some(_) => b.add(&["metadata", "labels", key], json!(TRUE)),
+        Some(_) => b.add(&["metadata", "labels", key], TRUE),
     }
 }
 
 fn grace_period(b: &mut Builder, spec: &PodSpec, max: i64) {
     match spec.termination_grace_period_seconds {
-        None => b.add(&["spec", "terminationGracePeriodSeconds"], json!(max)),
+        None => b.add(&["spec", "terminationGracePeriodSeconds"], &max),
         Some(current) if current > max => {
-            b.replace(&["spec", "terminationGracePeriodSeconds"], json!(max));
+            b.replace(&["spec", "terminationGracePeriodSeconds"], &max);
             b.warn(format!(
                 "nightshift: terminationGracePeriodSeconds lowered from {current} to {max} so \
                  that preemption is quick"
@@ -686,25 +690,19 @@ const NOTICE_FIELD: &str = "metadata.annotations";
 /// name keeps it, a container that mounts the volume or sets the variable already keeps them,
 /// and a container that mounts something else at the mount path gets neither.
 fn notice_file(b: &mut Builder, spec: &PodSpec) {
-    let before = b.ops.len();
+    let before = b.ops;
     let has_volume = spec
         .volumes
         .iter()
         .flatten()
         .any(|v| v.name == NOTICE_VOLUME);
+    let parts = &*NOTICE_PARTS;
     if !has_volume {
-        let volume = json!({
-            "name": NOTICE_VOLUME,
-            "downwardAPI": {"items": [
-                {"path": NOTICE_FILE, "fieldRef": {"apiVersion": "v1", "fieldPath": NOTICE_FIELD}}
-            ]}
-        });
         match spec.volumes {
-            None => b.add(&["spec", "volumes"], json!([volume])),
-            Some(_) => b.add(&["spec", "volumes", "-"], volume),
+            None => b.add_json(&["spec", "volumes"], &parts.volumes),
+            Some(_) => b.add_json(&["spec", "volumes", "-"], &parts.volume),
         }
     }
-    let file = format!("{NOTICE_MOUNT_PATH}/{NOTICE_FILE}");
     for (i, container) in spec.containers.iter().enumerate() {
         let idx = i.to_string();
         let at = |field: &'static [&'static str]| -> Vec<&str> {
@@ -724,15 +722,10 @@ fn notice_file(b: &mut Builder, spec: &PodSpec) {
             // file that is not the notice file, so the container is left alone.
             (Some(m), _) if m.name != NOTICE_VOLUME => continue,
             (Some(_), _) => {}
-            (None, mounts) => {
-                let mount = json!({
-                    "name": NOTICE_VOLUME, "mountPath": NOTICE_MOUNT_PATH, "readOnly": true
-                });
-                match mounts {
-                    None => b.add(&at(&["volumeMounts"]), json!([mount])),
-                    Some(_) => b.add(&at(&["volumeMounts", "-"]), mount),
-                }
-            }
+            (None, mounts) => match mounts {
+                None => b.add_json(&at(&["volumeMounts"]), &parts.mounts),
+                Some(_) => b.add_json(&at(&["volumeMounts", "-"]), &parts.mount),
+            },
         }
         let has_env = container
             .env
@@ -740,63 +733,192 @@ fn notice_file(b: &mut Builder, spec: &PodSpec) {
             .flatten()
             .any(|e| e.name == NOTICE_FILE_ENV);
         if !has_env {
-            let var = json!({"name": NOTICE_FILE_ENV, "value": file});
             match container.env {
-                None => b.add(&at(&["env"]), json!([var])),
-                Some(_) => b.add(&at(&["env", "-"]), var),
+                None => b.add_json(&at(&["env"]), &parts.vars),
+                Some(_) => b.add_json(&at(&["env", "-"]), &parts.var),
             }
         }
     }
-    if b.ops.len() > before {
+    if b.ops > before {
         b.note_later(format!(
             "nightshift: the pod's annotations, reclaim notice ({}) included, are readable in \
-             {file} (${NOTICE_FILE_ENV})",
-            crate::vocabulary::RECLAIM_NOTICE_ANNOTATION
+             {} (${NOTICE_FILE_ENV})",
+            crate::vocabulary::RECLAIM_NOTICE_ANNOTATION,
+            parts.file
         ));
     }
 }
 
-fn to_json<T: serde::Serialize>(v: &T) -> Value {
-    // Serialising k8s-openapi types into a Value cannot fail (no maps with non-string keys).
-    serde_json::to_value(v).unwrap_or(Value::Null)
+/// What [`notice_file`] adds, as JSON text: the same for every pod, so written once.
+struct NoticeParts {
+    /// The path of the notice file in a container.
+    file: String,
+    volume: String,
+    /// `[volume]`, for a pod without volumes.
+    volumes: String,
+    mount: String,
+    mounts: String,
+    var: String,
+    vars: String,
 }
 
-/// Collects patch operations and warnings. Pointer tokens are escaped by `jsonptr` (`~` → `~0`,
-/// `/` → `~1`), so label keys like `nightshift.io/lent` are safe.
+static NOTICE_PARTS: std::sync::LazyLock<NoticeParts> = std::sync::LazyLock::new(|| {
+    let file = format!("{NOTICE_MOUNT_PATH}/{NOTICE_FILE}");
+    let volume = json!({
+        "name": NOTICE_VOLUME,
+        "downwardAPI": {"items": [
+            {"path": NOTICE_FILE, "fieldRef": {"apiVersion": "v1", "fieldPath": NOTICE_FIELD}}
+        ]}
+    })
+    .to_string();
+    let mount = json!({"name": NOTICE_VOLUME, "mountPath": NOTICE_MOUNT_PATH, "readOnly": true})
+        .to_string();
+    let var = json!({"name": NOTICE_FILE_ENV, "value": file}).to_string();
+    NoticeParts {
+        volumes: format!("[{volume}]"),
+        mounts: format!("[{mount}]"),
+        vars: format!("[{var}]"),
+        file,
+        volume,
+        mount,
+        var,
+    }
+});
+
+/// A JSON Patch (RFC 6902) as the API server reads it: the operations' JSON text, written once
+/// as they are decided (no tree of values built and serialised again), and how many there are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JsonPatch {
+    /// A JSON array of operations, `[]` when there are none.
+    text: String,
+    operations: usize,
+}
+
+impl Default for JsonPatch {
+    fn default() -> Self {
+        Self {
+            text: "[]".to_string(),
+            operations: 0,
+        }
+    }
+}
+
+impl JsonPatch {
+    /// Whether the patch changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.operations == 0
+    }
+
+    /// How many operations it holds.
+    pub fn len(&self) -> usize {
+        self.operations
+    }
+
+    /// The JSON text, as sent to the API server.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The JSON text's bytes.
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.text.into_bytes()
+    }
+
+    /// The operations, decoded: for tools and tests that apply the patch themselves.
+    pub fn operations(&self) -> Result<json_patch::Patch, serde_json::Error> {
+        serde_json::from_str(&self.text)
+    }
+}
+
+/// Room for the patch of a GPU research pod with two containers (about 1.5 KB with the notice
+/// file's volume, mounts and variables), so that it is written without growing.
+const PATCH_CAPACITY: usize = 2048;
+
+/// Collects patch operations, written straight into the patch's text, and warnings. Pointer
+/// tokens are escaped as RFC 6901 says (`~` → `~0`, `/` → `~1`), so label keys like
+/// `nightshift.io/lent` are safe.
 #[derive(Default)]
 struct Builder {
-    ops: Vec<PatchOperation>,
+    /// The operations written so far, from the opening bracket.
+    text: Vec<u8>,
+    ops: usize,
     warnings: Vec<String>,
     /// Warnings that only make sense if the pod is changed at all (informational notes).
     notes: Vec<String>,
 }
 
 impl Builder {
-    fn pointer(tokens: &[&str]) -> PointerBuf {
-        PointerBuf::from_tokens(tokens.iter().map(|t| Token::new(*t)))
+    fn add(&mut self, path: &[&str], value: &(impl serde::Serialize + ?Sized)) {
+        self.operation("add", path, value);
     }
 
-    fn add(&mut self, path: &[&str], value: Value) {
-        self.ops.push(PatchOperation::Add(AddOperation {
-            path: Self::pointer(path),
-            value,
-        }));
+    fn replace(&mut self, path: &[&str], value: &(impl serde::Serialize + ?Sized)) {
+        self.operation("replace", path, value);
     }
 
-    fn replace(&mut self, path: &[&str], value: Value) {
-        self.ops.push(PatchOperation::Replace(ReplaceOperation {
-            path: Self::pointer(path),
-            value,
-        }));
+    /// Adds a value given as JSON text (a constant written once, see [`NoticeParts`]).
+    fn add_json(&mut self, path: &[&str], json: &str) {
+        self.begin("add", path);
+        self.text.extend_from_slice(json.as_bytes());
+        self.text.push(b'}');
     }
 
     /// Adds or replaces a scalar field so that it ends up equal to `want`.
-    fn set(&mut self, path: &[&str], current: Option<Value>, want: Value) {
+    fn set<T: serde::Serialize + PartialEq + ?Sized>(
+        &mut self,
+        path: &[&str],
+        current: Option<&T>,
+        want: &T,
+    ) {
         match current {
             None => self.add(path, want),
             Some(c) if c != want => self.replace(path, want),
             Some(_) => {}
         }
+    }
+
+    fn operation(&mut self, op: &str, path: &[&str], value: &(impl serde::Serialize + ?Sized)) {
+        let start = self.text.len();
+        self.begin(op, path);
+        if serde_json::to_writer(&mut self.text, value).is_err() {
+            // Only a map with keys that are not strings fails to serialise, and no value here
+            // has one; should it ever, the operation is left out rather than written in part.
+            self.text.truncate(start);
+            self.ops -= 1;
+            return;
+        }
+        self.text.push(b'}');
+    }
+
+    /// Writes `{"op":<op>,"path":<path>,"value":` and counts the operation.
+    fn begin(&mut self, op: &str, path: &[&str]) {
+        if self.ops == 0 {
+            self.text.reserve(PATCH_CAPACITY);
+            self.text.push(b'[');
+        } else {
+            self.text.push(b',');
+        }
+        self.ops += 1;
+        self.text.extend_from_slice(b"{\"op\":\"");
+        self.text.extend_from_slice(op.as_bytes());
+        self.text.extend_from_slice(b"\",\"path\":\"");
+        for token in path {
+            self.text.push(b'/');
+            let plain = token
+                .bytes()
+                .all(|b| !matches!(b, b'~' | b'/' | b'"' | b'\\') && b >= 0x20);
+            if plain {
+                self.text.extend_from_slice(token.as_bytes());
+            } else {
+                // RFC 6901 first, then JSON's own escapes, quotes dropped.
+                let escaped = token.replace('~', "~0").replace('/', "~1");
+                let quoted = serde_json::to_string(&escaped).unwrap_or_default();
+                let inner = quoted.get(1..quoted.len().saturating_sub(1)).unwrap_or("");
+                self.text.extend_from_slice(inner.as_bytes());
+            }
+        }
+        self.text.push(b'"');
+        self.text.extend_from_slice(b",\"value\":");
     }
 
     fn warn(&mut self, w: String) {
@@ -808,12 +930,25 @@ impl Builder {
     }
 
     fn finish(mut self, selection: Classification) -> Mutation {
-        if !self.ops.is_empty() {
-            self.warnings.append(&mut self.notes);
+        if self.ops == 0 {
+            return Mutation {
+                selection,
+                patch: JsonPatch::default(),
+                warnings: self.warnings,
+            };
         }
+        self.warnings.append(&mut self.notes);
+        self.text.push(b']');
         Mutation {
             selection,
-            patch: Patch(self.ops),
+            // Only `push`es of ASCII and serde_json's output, which is UTF-8, went in.
+            patch: match String::from_utf8(self.text) {
+                Ok(text) => JsonPatch {
+                    text,
+                    operations: self.ops,
+                },
+                Err(_) => JsonPatch::default(),
+            },
             warnings: self.warnings,
         }
     }

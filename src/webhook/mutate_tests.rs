@@ -1,7 +1,9 @@
 //! Table-driven and property tests of the pure patch building.
 
 use super::*;
+use json_patch::PatchOperation;
 use proptest::prelude::*;
+use serde_json::Value;
 
 const NS: &str = "team-a";
 /// A packing scheduler profile's name, as a platform would configure it.
@@ -76,14 +78,15 @@ fn run(pod: &Pod, ns_labels: &BTreeMap<String, String>) -> Mutation {
     mutate(pod, NS, ns_labels, &MutationPolicy::default(), &classes()).expect("not denied")
 }
 
-fn apply(pod: &Pod, patch: &Patch) -> Pod {
+fn apply(pod: &Pod, patch: &JsonPatch) -> Pod {
     let mut doc = serde_json::to_value(pod).expect("pod serialises");
-    json_patch::patch(&mut doc, &patch.0).expect("patch applies");
+    let operations = patch.operations().expect("the patch is JSON");
+    json_patch::patch(&mut doc, &operations.0).expect("patch applies");
     serde_json::from_value(doc).expect("patched pod deserialises")
 }
 
 fn patch_json(m: &Mutation) -> Value {
-    serde_json::to_value(&m.patch).expect("patch serialises")
+    serde_json::from_str(m.patch.as_str()).expect("the patch is JSON")
 }
 
 /// Mutating the patched pod again changes nothing.
@@ -92,7 +95,7 @@ fn assert_idempotent(pod: &Pod, ns_labels: &BTreeMap<String, String>) -> Pod {
     let patched = apply(pod, &first.patch);
     let second = run(&patched, ns_labels);
     assert!(
-        second.patch.0.is_empty(),
+        second.patch.is_empty(),
         "second pass must be empty, got {}",
         patch_json(&second)
     );
@@ -101,6 +104,8 @@ fn assert_idempotent(pod: &Pod, ns_labels: &BTreeMap<String, String>) -> Pod {
 
 fn paths(m: &Mutation) -> Vec<String> {
     m.patch
+        .operations()
+        .expect("the patch is JSON")
         .0
         .iter()
         .map(|op| match op {
@@ -200,7 +205,7 @@ fn pods_that_are_not_selected_are_never_touched() {
     for (name, p, labels, ns, reason) in cases {
         let m = mutate(&p, ns, &labels, &MutationPolicy::default(), &classes()).expect(name);
         assert_eq!(m.selection, Classification::Skipped(reason), "{name}");
-        assert!(m.patch.0.is_empty(), "{name}: {}", patch_json(&m));
+        assert!(m.patch.is_empty(), "{name}: {}", patch_json(&m));
         assert!(m.warnings.is_empty(), "{name}");
     }
 }
@@ -342,7 +347,7 @@ fn existing_preferred_terms_are_kept_and_spare_preference_appended() {
     );
     let patched = apply(&p, &m.patch);
     let again = mutate(&patched, NS, &research_ns(), &policy, &classes()).expect("ok");
-    assert!(again.patch.0.is_empty(), "{}", patch_json(&again));
+    assert!(again.patch.is_empty(), "{}", patch_json(&again));
     let prefs = patched
         .spec
         .and_then(|s| s.affinity)
@@ -423,6 +428,8 @@ fn taints_with_values_get_equal_tolerations() {
     let m = mutate(&p, NS, &research_ns(), &policy, &classes()).expect("ok");
     let tol = m
         .patch
+        .operations()
+        .expect("the patch is JSON")
         .0
         .iter()
         .find_map(|op| match op {
@@ -458,6 +465,24 @@ fn label_keys_with_slash_and_tilde_are_escaped_in_pointers() {
         Some("true")
     );
     assert_eq!(labels.get("app").map(String::as_str), Some("x"));
+}
+
+/// The patch is written as text: a key that JSON itself must escape (quote, backslash, control
+/// character) still gives a JSON document whose pointer names exactly that key.
+#[test]
+fn label_keys_that_json_escapes_are_written_as_valid_pointers() {
+    for key in ["example.com/a\"b", "a\\b~/c", "tab\there", "é/ü"] {
+        let policy = MutationPolicy {
+            lent_label: Some(key.into()),
+            ..MutationPolicy::default()
+        };
+        let p = pod(json!({"metadata": {"labels": {"app": "x"}}}));
+        let m = mutate(&p, NS, &research_ns(), &policy, &classes()).expect("ok");
+        let patched = apply(&p, &m.patch);
+        let labels = patched.metadata.labels.expect("labels");
+        assert_eq!(labels.get(key).map(String::as_str), Some("true"), "{key:?}");
+        assert_eq!(m.patch.len(), patch_json(&m).as_array().map_or(0, Vec::len));
+    }
 }
 
 #[test]
@@ -562,7 +587,7 @@ fn missing_research_class_denies_with_instructions() {
         &cls,
     )
     .expect("ok");
-    assert!(m.patch.0.is_empty());
+    assert!(m.patch.is_empty());
 }
 
 #[test]
@@ -640,7 +665,7 @@ fn packing_profile_is_given_to_gpu_research_pods_of_the_default_scheduler_only()
         let m = mutate(&p, NS, &research_ns(), &policy, &classes()).expect("ok");
         let patched = apply(&p, &m.patch);
         let again = mutate(&patched, NS, &research_ns(), &policy, &classes()).expect("ok");
-        assert!(again.patch.0.is_empty(), "{}", patch_json(&again));
+        assert!(again.patch.is_empty(), "{}", patch_json(&again));
         (
             patched.spec.and_then(|s| s.scheduler_name),
             m.warnings.join("; "),
@@ -685,7 +710,7 @@ fn every_part_can_be_switched_off() {
     };
     let p = pod(json!({"spec": {"terminationGracePeriodSeconds": 600}}));
     let m = mutate(&p, NS, &research_ns(), &policy, &BTreeMap::new()).expect("no class needed");
-    assert!(m.patch.0.is_empty(), "{}", patch_json(&m));
+    assert!(m.patch.is_empty(), "{}", patch_json(&m));
 }
 
 #[test]
@@ -775,11 +800,14 @@ fn notice_parts(p: &Pod) -> (Vec<String>, Vec<ContainerNotice>) {
 /// Applies `m` to `doc` exactly as sent, checks that a second pass is empty, returns the pod.
 fn apply_sent(doc: &Value, m: &Mutation) -> Pod {
     let mut patched = doc.clone();
-    json_patch::patch(&mut patched, &m.patch.0)
-        .unwrap_or_else(|e| panic!("patch does not apply: {e}: {}", patch_json(m)));
+    json_patch::patch(
+        &mut patched,
+        &m.patch.operations().expect("the patch is JSON").0,
+    )
+    .unwrap_or_else(|e| panic!("patch does not apply: {e}: {}", patch_json(m)));
     let p: Pod = serde_json::from_value(patched).expect("patched pod reads");
     let second = run(&p, &research_ns());
-    assert!(second.patch.0.is_empty(), "{}", patch_json(&second));
+    assert!(second.patch.is_empty(), "{}", patch_json(&second));
     p
 }
 
@@ -1111,7 +1139,7 @@ proptest! {
 
         // The patch applies to the pod's own JSON (not a re-serialisation) and gives a Pod.
         let mut patched_doc = doc;
-        json_patch::patch(&mut patched_doc, &m.patch.0).expect("patch applies");
+        json_patch::patch(&mut patched_doc, &m.patch.operations().expect("the patch is JSON").0).expect("patch applies");
         let patched: Pod = serde_json::from_value(patched_doc).expect("patched JSON is a Pod");
 
         let selected = ns.contains_key("nightshift.io/research")
@@ -1119,7 +1147,7 @@ proptest! {
         match m.selection {
             Classification::Skipped(_) => {
                 prop_assert!(!selected);
-                prop_assert!(m.patch.0.is_empty());
+                prop_assert!(m.patch.is_empty());
             }
             Classification::Research { gpu } => {
                 prop_assert!(selected);
@@ -1159,7 +1187,7 @@ proptest! {
             }
         }
         let again = mutate(&patched, NS, &ns, &policy, &classes()).expect("still fine");
-        prop_assert!(again.patch.0.is_empty(), "second pass: {}", patch_json(&again));
+        prop_assert!(again.patch.is_empty(), "second pass: {}", patch_json(&again));
     }
 
     #[test]
@@ -1395,10 +1423,13 @@ fn required_affinity_without_a_term_list_gets_the_whole_list() {
         let p: Pod = serde_json::from_value(sent.clone()).expect("pod reads");
         let m = run(&p, &research_ns());
         let mut patched = sent.clone();
-        json_patch::patch(&mut patched, &m.patch.0)
-            .unwrap_or_else(|e| panic!("{required}: patch does not apply: {e}"));
+        json_patch::patch(
+            &mut patched,
+            &m.patch.operations().expect("the patch is JSON").0,
+        )
+        .unwrap_or_else(|e| panic!("{required}: patch does not apply: {e}"));
         let p2: Pod = serde_json::from_value(patched).expect("patched pod reads");
         let second = run(&p2, &research_ns());
-        assert!(second.patch.0.is_empty(), "{}", patch_json(&second));
+        assert!(second.patch.is_empty(), "{}", patch_json(&second));
     }
 }

@@ -234,7 +234,7 @@ impl Reviewer {
                 patch,
                 warnings,
             }) => {
-                let ops = patch.0.len();
+                let ops = patch.len();
                 let outcome = if ops > 0 {
                     Outcome::Mutated
                 } else {
@@ -256,9 +256,9 @@ impl Reviewer {
                 let mut response = response;
                 if ops > 0 {
                     self.metrics.patch_operations.inc_by(ops as u64);
-                    response = response
-                        .with_patch(patch)
-                        .map_err(|e| ReviewError::Encode(e.to_string()))?;
+                    // The patch's text as written by `mutate`; the answer's `patchType` follows
+                    // from its presence (see `encode`).
+                    response.patch = Some(patch.into_bytes());
                 }
                 if !warnings.is_empty() {
                     response.warnings = Some(warnings);
