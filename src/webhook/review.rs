@@ -7,7 +7,7 @@
 //! errors ([`ReviewError`]) are turned into answers here and nowhere else. Knows nothing of
 //! sockets or TLS.
 
-use std::{sync::Arc, time::Instant};
+use std::{borrow::Cow, sync::Arc, time::Instant};
 
 use kube::core::{
     DynamicObject,
@@ -190,7 +190,7 @@ impl Reviewer {
 
     async fn review_inner(&self, body: &[u8]) -> Result<(AdmissionResponse, Outcome), ReviewError> {
         let mut request = parse(body)?;
-        let response = AdmissionResponse::from(&request);
+        let response = allowed(request.uid.clone());
         let uid = request.uid.clone();
         let object = request.object.take().map(AdmittedPod::into_pod);
 
@@ -284,6 +284,17 @@ pub fn pod_namespace<'a>(
         .filter(|ns| !ns.is_empty())
 }
 
+/// The answer that admits the object unchanged, to the request `uid`.
+fn allowed(uid: String) -> AdmissionResponse {
+    // `kube` builds an allowing response only from its own request type; this is the same
+    // response (the fields `encode` writes: uid, allowed, an empty status) from the uid alone.
+    let mut response = AdmissionResponse::invalid("");
+    response.uid = uid;
+    response.allowed = true;
+    response.result = Default::default();
+    response
+}
+
 fn deny(response: AdmissionResponse, denial: &Denial) -> AdmissionResponse {
     let mut response = response.deny(denial);
     response.result.code = 403;
@@ -291,9 +302,105 @@ fn deny(response: AdmissionResponse, denial: &Denial) -> AdmissionResponse {
     response
 }
 
-/// Parses a review. The fast path reads the fields of the pod that decisions use straight into
-/// their typed form ([`AdmittedPod`]); only when that fails is the body parsed again, loosely, to
-/// tell the caller precisely what is wrong (and to echo the uid when there is one).
+/// A pod review as read: what the decision and the answer use of the request.
+#[derive(Debug)]
+pub struct PodReview {
+    pub uid: String,
+    pub operation: Operation,
+    pub sub_resource: Option<String>,
+    pub namespace: Option<String>,
+    pub dry_run: bool,
+    pub object: Option<AdmittedPod>,
+}
+
+impl From<AdmissionRequest<AdmittedPod>> for PodReview {
+    fn from(request: AdmissionRequest<AdmittedPod>) -> Self {
+        Self {
+            uid: request.uid,
+            operation: request.operation,
+            sub_resource: request.sub_resource,
+            namespace: request.namespace,
+            dry_run: request.dry_run,
+            object: request.object,
+        }
+    }
+}
+
+/// The review as the fast path reads it: the fields checked and decided on, their strings
+/// borrowed from the body where they hold no escape. `resource` and `userInfo` are required, as
+/// `kube`'s `AdmissionRequest` requires them, but only checked to be JSON; the other fields of
+/// the request (the request's own kind and resource, the old object, the options) are skipped.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewIn<'a> {
+    #[serde(borrow)]
+    api_version: Cow<'a, str>,
+    #[serde(borrow)]
+    kind: Cow<'a, str>,
+    #[serde(borrow, default)]
+    request: Option<RequestIn<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RequestIn<'a> {
+    #[serde(borrow)]
+    uid: Cow<'a, str>,
+    #[serde(borrow)]
+    kind: KindIn<'a>,
+    #[serde(rename = "resource")]
+    _resource: serde::de::IgnoredAny,
+    #[serde(borrow, default)]
+    sub_resource: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    namespace: Option<Cow<'a, str>>,
+    operation: Operation,
+    #[serde(rename = "userInfo")]
+    _user_info: serde::de::IgnoredAny,
+    #[serde(default)]
+    object: Option<AdmittedPod>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+#[derive(serde::Deserialize)]
+struct KindIn<'a> {
+    #[serde(borrow)]
+    group: Cow<'a, str>,
+    #[serde(borrow, rename = "version")]
+    _version: Cow<'a, str>,
+    #[serde(borrow)]
+    kind: Cow<'a, str>,
+}
+
+impl ReviewIn<'_> {
+    /// The pod review, when this is one the fast path answers: an `admission.k8s.io/v1` review
+    /// of a core/v1 Pod with a uid. `None` sends the body to the full parse, which says what is
+    /// wrong.
+    fn into_pod_review(self) -> Option<PodReview> {
+        if self.api_version != META_API_VERSION_V1 || self.kind != META_KIND {
+            return None;
+        }
+        let request = self.request?;
+        if request.uid.is_empty() || !request.kind.group.is_empty() || request.kind.kind != "Pod" {
+            return None;
+        }
+        Some(PodReview {
+            uid: request.uid.into_owned(),
+            operation: request.operation,
+            sub_resource: request.sub_resource.map(Cow::into_owned),
+            namespace: request.namespace.map(Cow::into_owned),
+            dry_run: request.dry_run,
+            object: request.object,
+        })
+    }
+}
+
+/// Parses a review. The fast path ([`ReviewIn`]) reads only the request's fields the review uses
+/// and the fields of the pod that decisions use, straight into their typed form
+/// ([`AdmittedPod`]); when that fails, the body is parsed with `kube`'s admission types, and if
+/// that fails too, loosely, to tell the caller precisely what is wrong (and to echo the uid when
+/// there is one).
 ///
 /// The body is checked to be UTF-8 once, as a whole (JSON text is UTF-8, and the API server sends
 /// nothing else), and parsed as text, so the parser checks no string again. Parsing bytes instead
@@ -301,15 +408,21 @@ fn deny(response: AdmissionResponse, denial: &Denial) -> AdmissionResponse {
 /// only skipped.
 ///
 /// Public so that the fuzz targets drive exactly the parser [`Reviewer::review`] uses.
-pub fn parse(body: &[u8]) -> Result<AdmissionRequest<AdmittedPod>, ReviewError> {
+pub fn parse(body: &[u8]) -> Result<PodReview, ReviewError> {
     let body = std::str::from_utf8(body).map_err(|e| ReviewError::NotAReview(e.to_string()))?;
+    if let Some(review) = serde_json::from_str::<ReviewIn<'_>>(body)
+        .ok()
+        .and_then(ReviewIn::into_pod_review)
+    {
+        return Ok(review);
+    }
     let typed_error = match serde_json::from_str::<AdmissionReview<AdmittedPod>>(body) {
         Ok(review) => {
             check_types(&review.types)?;
             let request: AdmissionRequest<AdmittedPod> =
                 review.try_into().map_err(|_| ReviewError::MissingRequest)?;
             check_request(&request.uid, &request.kind)?;
-            return Ok(request);
+            return Ok(request.into());
         }
         Err(e) => e,
     };
@@ -448,6 +561,102 @@ impl ReviewError {
         match encode(response) {
             Ok(bytes) => Answer::Review(bytes),
             Err(e) => Answer::BadRequest(format!("{e}\n")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn review(request: Value) -> String {
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request})
+            .to_string()
+    }
+
+    fn request(extra: Value) -> Value {
+        let mut request = json!({
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "namespace": "research",
+            "operation": "CREATE",
+            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+            "object": {"metadata": {"name": "p", "labels": {"a": "b"}},
+                "spec": {"containers": [{"name": "main", "image": "x"}]}},
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}
+        });
+        if let (Some(r), Value::Object(extra)) = (request.as_object_mut(), extra) {
+            r.extend(extra);
+        }
+        request
+    }
+
+    /// What `kube`'s admission types read from the same body, as the full parse does.
+    fn through_kube(body: &str) -> Option<PodReview> {
+        let review: AdmissionReview<AdmittedPod> = serde_json::from_str(body).ok()?;
+        let request: AdmissionRequest<AdmittedPod> = review.try_into().ok()?;
+        Some(request.into())
+    }
+
+    fn fast(body: &str) -> Option<PodReview> {
+        serde_json::from_str::<ReviewIn<'_>>(body)
+            .ok()
+            .and_then(ReviewIn::into_pod_review)
+    }
+
+    /// The fast path reads what `kube`'s types read, for the reviews it answers; it is taken for
+    /// every well-formed pod review, escaped strings included.
+    #[test]
+    fn the_fast_path_reads_what_kube_reads() {
+        let cases = [
+            json!({}),
+            json!({"operation": "UPDATE", "subResource": "status"}),
+            json!({"namespace": null, "dryRun": true}),
+            json!({"uid": "u\u{e9}\\\"d", "namespace": "r\u{e9}search"}),
+            json!({"object": null}),
+        ];
+        for extra in cases {
+            let body = review(request(extra.clone()));
+            let fast = fast(&body).unwrap_or_else(|| panic!("fast path not taken: {extra}"));
+            let full = through_kube(&body).expect("kube reads it");
+            assert_eq!(format!("{fast:?}"), format!("{full:?}"), "{extra}");
+            let parsed = parse(body.as_bytes()).expect("parses");
+            assert_eq!(format!("{parsed:?}"), format!("{full:?}"), "{extra}");
+        }
+    }
+
+    /// What the fast path does not answer goes to the full parse, and gets its errors.
+    #[test]
+    fn the_full_parse_explains_what_the_fast_path_leaves() {
+        let mut deployment = request(json!({}));
+        deployment["kind"] = json!({"group": "apps", "version": "v1", "kind": "Deployment"});
+        let mut no_user = request(json!({}));
+        no_user.as_object_mut().map(|r| r.remove("userInfo"));
+        let cases = [
+            (review(request(json!({"uid": ""}))), "no uid"),
+            (review(deployment), "only handles pods"),
+            (review(no_user), "not an AdmissionReview"),
+            (
+                review(request(json!({"object": {"spec": {"containers": 5}}}))),
+                "cannot be read",
+            ),
+            (
+                json!({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview",
+                    "request": request(json!({}))})
+                .to_string(),
+                "admission.k8s.io/v1",
+            ),
+        ];
+        for (body, expected) in cases {
+            assert!(fast(&body).is_none(), "{body}");
+            let error = parse(body.as_bytes()).expect_err("refused").to_string();
+            assert!(error.contains(expected), "{expected}: {error}");
         }
     }
 }
