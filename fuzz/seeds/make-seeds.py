@@ -79,6 +79,13 @@ affine["spec"]["initContainers"] = [{"name": "fetch", "image": "x",
                                      "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
 write("admission", "affinity-pod.json", review(affine))
 write("admission", "update.json", review(pod, operation="UPDATE"))
+# Found by fuzzing: entries no Pod has, in a list the review skips as text (docs/fuzzing.md).
+mistyped = copy.deepcopy(pod)
+mistyped["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}, {"name": True}]
+write("admission", "mistyped-env.json", review(mistyped))
+huge = copy.deepcopy(pod)
+huge["spec"]["containers"][0]["env"] = [{"name": "A", "value": "HUGE"}]
+write("admission", "huge-number.json", review(huge).replace('"HUGE"', "73e33300"))
 
 # Exposition: a vLLM /metrics excerpt (two engines of one model; old and new KV-cache names).
 write("exposition", "vllm-metrics.txt", """\
