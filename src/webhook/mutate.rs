@@ -699,7 +699,7 @@ fn notice_file(b: &mut Builder, spec: &PodSpec) {
     let parts = &*NOTICE_PARTS;
     if !has_volume {
         match spec.volumes {
-            None => b.add_json(&["spec", "volumes"], &parts.volumes),
+            None => b.add_json_list(&["spec", "volumes"], &parts.volume),
             Some(_) => b.add_json(&["spec", "volumes", "-"], &parts.volume),
         }
     }
@@ -723,7 +723,7 @@ fn notice_file(b: &mut Builder, spec: &PodSpec) {
             (Some(m), _) if m.name != NOTICE_VOLUME => continue,
             (Some(_), _) => {}
             (None, mounts) => match mounts {
-                None => b.add_json(&at(&["volumeMounts"]), &parts.mounts),
+                None => b.add_json_list(&at(&["volumeMounts"]), &parts.mount),
                 Some(_) => b.add_json(&at(&["volumeMounts", "-"]), &parts.mount),
             },
         }
@@ -734,7 +734,7 @@ fn notice_file(b: &mut Builder, spec: &PodSpec) {
             .any(|e| e.name == NOTICE_FILE_ENV);
         if !has_env {
             match container.env {
-                None => b.add_json(&at(&["env"]), &parts.vars),
+                None => b.add_json_list(&at(&["env"]), &parts.var),
                 Some(_) => b.add_json(&at(&["env", "-"]), &parts.var),
             }
         }
@@ -754,12 +754,8 @@ struct NoticeParts {
     /// The path of the notice file in a container.
     file: String,
     volume: String,
-    /// `[volume]`, for a pod without volumes.
-    volumes: String,
     mount: String,
-    mounts: String,
     var: String,
-    vars: String,
 }
 
 static NOTICE_PARTS: std::sync::LazyLock<NoticeParts> = std::sync::LazyLock::new(|| {
@@ -775,9 +771,6 @@ static NOTICE_PARTS: std::sync::LazyLock<NoticeParts> = std::sync::LazyLock::new
         .to_string();
     let var = json!({"name": NOTICE_FILE_ENV, "value": file}).to_string();
     NoticeParts {
-        volumes: format!("[{volume}]"),
-        mounts: format!("[{mount}]"),
-        vars: format!("[{var}]"),
         file,
         volume,
         mount,
@@ -861,6 +854,14 @@ impl Builder {
         self.begin("add", path);
         self.text.extend_from_slice(json.as_bytes());
         self.text.push(b'}');
+    }
+
+    /// Adds a list of one value given as JSON text, where the list does not exist yet.
+    fn add_json_list(&mut self, path: &[&str], json: &str) {
+        self.begin("add", path);
+        self.text.push(b'[');
+        self.text.extend_from_slice(json.as_bytes());
+        self.text.extend_from_slice(b"]}");
     }
 
     /// Adds or replaces a scalar field so that it ends up equal to `want`.

@@ -190,8 +190,8 @@ impl Reviewer {
 
     async fn review_inner(&self, body: &[u8]) -> Result<(AdmissionResponse, Outcome), ReviewError> {
         let mut request = parse(body)?;
-        let response = allowed(request.uid.clone());
-        let uid = request.uid.clone();
+        let uid = request.uid;
+        let response = allowed(uid.clone());
         let object = request.object.take().map(AdmittedPod::into_pod);
 
         // Only pod creations are marked; anything else the configuration sends is let through
@@ -374,6 +374,13 @@ struct KindIn<'a> {
 }
 
 impl ReviewIn<'_> {
+    /// The pod review in `body`, when the fast path answers it ([`Self::into_pod_review`]).
+    fn read(body: &str) -> Option<PodReview> {
+        serde_json::from_str::<ReviewIn<'_>>(body)
+            .ok()
+            .and_then(ReviewIn::into_pod_review)
+    }
+
     /// The pod review, when this is one the fast path answers: an `admission.k8s.io/v1` review
     /// of a core/v1 Pod with a uid. `None` sends the body to the full parse, which says what is
     /// wrong.
@@ -410,10 +417,7 @@ impl ReviewIn<'_> {
 /// Public so that the fuzz targets drive exactly the parser [`Reviewer::review`] uses.
 pub fn parse(body: &[u8]) -> Result<PodReview, ReviewError> {
     let body = std::str::from_utf8(body).map_err(|e| ReviewError::NotAReview(e.to_string()))?;
-    if let Some(review) = serde_json::from_str::<ReviewIn<'_>>(body)
-        .ok()
-        .and_then(ReviewIn::into_pod_review)
-    {
+    if let Some(review) = ReviewIn::read(body) {
         return Ok(review);
     }
     let typed_error = match serde_json::from_str::<AdmissionReview<AdmittedPod>>(body) {
@@ -604,12 +608,6 @@ mod tests {
         Some(request.into())
     }
 
-    fn fast(body: &str) -> Option<PodReview> {
-        serde_json::from_str::<ReviewIn<'_>>(body)
-            .ok()
-            .and_then(ReviewIn::into_pod_review)
-    }
-
     /// The fast path reads what `kube`'s types read, for the reviews it answers; it is taken for
     /// every well-formed pod review, escaped strings included.
     #[test]
@@ -623,7 +621,8 @@ mod tests {
         ];
         for extra in cases {
             let body = review(request(extra.clone()));
-            let fast = fast(&body).unwrap_or_else(|| panic!("fast path not taken: {extra}"));
+            let fast =
+                ReviewIn::read(&body).unwrap_or_else(|| panic!("fast path not taken: {extra}"));
             let full = through_kube(&body).expect("kube reads it");
             assert_eq!(format!("{fast:?}"), format!("{full:?}"), "{extra}");
             let parsed = parse(body.as_bytes()).expect("parses");
@@ -654,7 +653,7 @@ mod tests {
             ),
         ];
         for (body, expected) in cases {
-            assert!(fast(&body).is_none(), "{body}");
+            assert!(ReviewIn::read(&body).is_none(), "{body}");
             let error = parse(body.as_bytes()).expect_err("refused").to_string();
             assert!(error.contains(expected), "{expected}: {error}");
         }
