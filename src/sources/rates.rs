@@ -45,11 +45,13 @@ impl<K: Eq + std::hash::Hash + Clone> CounterRates<K> {
         }
     }
 
-    /// Records one scrape taken at `now` (seconds). Series absent from this scrape are
-    /// forgotten: a pod that comes back later starts a new history.
-    pub fn observe(&mut self, now: f64, values: impl IntoIterator<Item = (K, f64)>) {
+    /// Records one scrape: each series' value with the time (seconds) it was read. Each pod
+    /// carries its own time, the moment its answer arrived, so a slow neighbour in the same
+    /// pass does not skew its rate. Series absent from this scrape are forgotten: a pod that
+    /// comes back later starts a new history.
+    pub fn observe(&mut self, values: impl IntoIterator<Item = (K, f64, f64)>) {
         let mut next: HashMap<K, VecDeque<(f64, f64)>> = HashMap::new();
-        for (key, value) in values {
+        for (key, now, value) in values {
             if !value.is_finite() || value < 0.0 {
                 continue;
             }
@@ -114,17 +116,17 @@ mod tests {
     #[test]
     fn tracker_forgets_pods_that_disappear_and_restarts_them_fresh() {
         let mut rates = CounterRates::new(30.0);
-        rates.observe(0.0, [("a", 0.0), ("b", 100.0)]);
-        rates.observe(10.0, [("a", 50.0), ("b", 200.0)]);
+        rates.observe([("a", 0.0, 0.0), ("b", 0.0, 100.0)]);
+        rates.observe([("a", 10.0, 50.0), ("b", 10.0, 200.0)]);
         assert_eq!(rates.rate(&"a"), Some(5.0));
         assert_eq!(rates.rate(&"b"), Some(10.0));
         // b is gone; c is new and has no rate yet.
-        rates.observe(20.0, [("a", 100.0), ("c", 7.0)]);
+        rates.observe([("a", 20.0, 100.0), ("c", 20.0, 7.0)]);
         assert_eq!(rates.rate(&"b"), None);
         assert_eq!(rates.rate(&"c"), None);
         assert_eq!(rates.len(), 2);
         // b comes back with a reset counter: a fresh history, not a negative rate.
-        rates.observe(30.0, [("a", 150.0), ("b", 3.0), ("c", 27.0)]);
+        rates.observe([("a", 30.0, 150.0), ("b", 30.0, 3.0), ("c", 30.0, 27.0)]);
         assert_eq!(rates.rate(&"b"), None);
         assert_eq!(rates.rate(&"c"), Some(2.0));
     }
@@ -133,21 +135,31 @@ mod tests {
     fn tracker_keeps_a_window_but_always_two_samples() {
         let mut rates = CounterRates::new(10.0);
         for (t, v) in [(0.0, 0.0), (5.0, 50.0), (10.0, 100.0), (15.0, 300.0)] {
-            rates.observe(t, [("a", v)]);
+            rates.observe([("a", t, v)]);
         }
         // Window 10 s at t=15 keeps samples from t=5 on: (300-50)/10.
         assert_eq!(rates.rate(&"a"), Some(25.0));
         // Scrapes far apart still give a rate over the last interval.
-        rates.observe(100.0, [("a", 1150.0)]);
+        rates.observe([("a", 100.0, 1150.0)]);
         assert_eq!(rates.rate(&"a"), Some(10.0));
+    }
+
+    #[test]
+    fn each_series_is_rated_on_its_own_read_times() {
+        // Both counters grow 100/s; b's answers arrive 0.5 s after a's in the same passes.
+        let mut rates = CounterRates::new(30.0);
+        rates.observe([("a", 0.0, 0.0), ("b", 0.5, 50.0)]);
+        rates.observe([("a", 1.0, 100.0), ("b", 2.5, 250.0)]);
+        assert_eq!(rates.rate(&"a"), Some(100.0));
+        assert_eq!(rates.rate(&"b"), Some(100.0));
     }
 
     #[test]
     fn tracker_handles_a_reset_inside_the_window() {
         let mut rates = CounterRates::new(60.0);
-        rates.observe(0.0, [("a", 1000.0)]);
-        rates.observe(10.0, [("a", 1100.0)]);
-        rates.observe(20.0, [("a", 50.0)]);
+        rates.observe([("a", 0.0, 1000.0)]);
+        rates.observe([("a", 10.0, 1100.0)]);
+        rates.observe([("a", 20.0, 50.0)]);
         // +100 then reset to 50: 150 over 20 s.
         assert_eq!(rates.rate(&"a"), Some(7.5));
     }
@@ -155,7 +167,7 @@ mod tests {
     #[test]
     fn garbage_values_are_ignored() {
         let mut rates = CounterRates::new(60.0);
-        rates.observe(0.0, [("a", f64::NAN), ("b", -1.0)]);
+        rates.observe([("a", 0.0, f64::NAN), ("b", 0.0, -1.0)]);
         assert!(rates.is_empty());
     }
 }

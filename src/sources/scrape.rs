@@ -222,12 +222,13 @@ impl Pass<'_> {
                 .map(|ep| scrape_pod(self.http, target, ep, self.metrics)),
         )
         .await;
-        let now = self.epoch.elapsed().as_secs_f64();
-        let mut pods: Vec<(&Endpoint, PodReadings)> = Vec::with_capacity(scrapes.len());
+        let mut pods: Vec<(&Endpoint, f64, PodReadings)> = Vec::with_capacity(scrapes.len());
         for (ep, result) in endpoints.iter().zip(scrapes) {
-            pods.push((ep, result?));
+            let (answered, readings) = result?;
+            let at = answered.saturating_duration_since(self.epoch).as_secs_f64();
+            pods.push((ep, at, readings));
         }
-        Ok(summarise(target, &pods, self.rates, self.window, now))
+        Ok(summarise(target, &pods, self.rates, self.window))
     }
 }
 
@@ -253,12 +254,13 @@ fn discovered_allowed(
     })
 }
 
+/// One pass's readings, each pod's with the time (seconds since the scraper started) its
+/// answer arrived.
 fn summarise(
     target: &Target,
-    pods: &[(&Endpoint, PodReadings)],
+    pods: &[(&Endpoint, f64, PodReadings)],
     rates: &RateBook,
     window: f64,
-    now: f64,
 ) -> Snapshot {
     let ns = target.namespace();
     let key = |model: &str| ModelKey {
@@ -269,7 +271,7 @@ fn summarise(
     let mut running = Vec::new();
     let mut kv = Vec::new();
     let mut counters = Vec::new();
-    for (ep, readings) in pods {
+    for (ep, at, readings) in pods {
         for (model, r) in readings {
             if let Some(v) = r.waiting {
                 waiting.push((key(model), v));
@@ -281,22 +283,26 @@ fn summarise(
                 kv.push((key(model), v));
             }
             if let Some(v) = r.generation_tokens_total {
-                counters.push(((ep.address.clone(), model.clone(), Counter::Generated), v));
+                counters.push((
+                    (ep.address.clone(), model.clone(), Counter::Generated),
+                    *at,
+                    v,
+                ));
             }
             if let Some(v) = r.prompt_tokens_total {
-                counters.push(((ep.address.clone(), model.clone(), Counter::Prompt), v));
+                counters.push(((ep.address.clone(), model.clone(), Counter::Prompt), *at, v));
             }
         }
     }
     let mut all_rates = rates.lock().unwrap_or_else(|p| p.into_inner());
     let tracker =
         all_rates.use_or_insert_with(target.clone(), Instant::now(), || CounterRates::new(window));
-    tracker.observe(now, counters.iter().cloned());
+    tracker.observe(counters.iter().cloned());
     let rates_of = |counter: Counter| -> Vec<(ModelKey, f64)> {
         counters
             .iter()
-            .filter(|(id, _)| id.2 == counter)
-            .filter_map(|(id, _)| tracker.rate(id).map(|r| (key(&id.1), r)))
+            .filter(|(id, ..)| id.2 == counter)
+            .filter_map(|(id, ..)| tracker.rate(id).map(|r| (key(&id.1), r)))
             .collect()
     };
     let generated = rates_of(Counter::Generated);
@@ -320,12 +326,14 @@ fn summarise(
 /// this large is not one (and must not exhaust memory).
 const MAX_BODY_BYTES: usize = 8 << 20;
 
+/// One pod's readings and when its answer arrived: a pod renders its counters as it answers,
+/// so the arrival of the response head times them better than the start or end of the pass.
 async fn scrape_pod(
     http: &reqwest::Client,
     target: &Target,
     ep: &Endpoint,
     metrics: &SourceMetrics,
-) -> Result<PodReadings, SourceError> {
+) -> Result<(Instant, PodReadings), SourceError> {
     let started = Instant::now();
     let result = scrape_pod_inner(http, target, ep).await;
     metrics.observe("scrape", "all", result.as_ref().err(), started.elapsed());
@@ -336,7 +344,7 @@ async fn scrape_pod_inner(
     http: &reqwest::Client,
     target: &Target,
     ep: &Endpoint,
-) -> Result<PodReadings, SourceError> {
+) -> Result<(Instant, PodReadings), SourceError> {
     let url = format!("{}://{}{}", target.scheme, ep.address, target.path);
     let upstream = format!("pod {} ({url})", ep.name);
     let fetch = async {
@@ -348,6 +356,7 @@ async fn scrape_pod_inner(
                 upstream: upstream.clone(),
                 detail: e.to_string(),
             })?;
+        let answered = Instant::now();
         let status = response.status();
         if !status.is_success() {
             return Err(SourceError::Unavailable {
@@ -364,12 +373,16 @@ async fn scrape_pod_inner(
                 detail: "response too large".into(),
             });
         }
-        response.text().await.map_err(|e| SourceError::Unavailable {
-            upstream: upstream.clone(),
-            detail: e.to_string(),
-        })
+        let body = response
+            .text()
+            .await
+            .map_err(|e| SourceError::Unavailable {
+                upstream: upstream.clone(),
+                detail: e.to_string(),
+            })?;
+        Ok((answered, body))
     };
-    let body = tokio::time::timeout(target.timeout, fetch)
+    let (answered, body) = tokio::time::timeout(target.timeout, fetch)
         .await
         .map_err(|_| SourceError::Timeout {
             upstream: upstream.clone(),
@@ -383,10 +396,12 @@ async fn scrape_pod_inner(
     }
     // The pod's own words are not echoed: errors reach the ScaledObject's author (KEDA events,
     // the explanations), who must not read through the scaler what they could not read.
-    exposition::parse(&body, &target.matchers).map_err(|e| SourceError::Garbage {
-        upstream,
-        detail: e.summary(),
-    })
+    let readings =
+        exposition::parse(&body, &target.matchers).map_err(|e| SourceError::Garbage {
+            upstream,
+            detail: e.summary(),
+        })?;
+    Ok((answered, readings))
 }
 
 #[cfg(test)]
@@ -451,12 +466,11 @@ mod tests {
         let first = summarise(
             &t,
             &[
-                (&a, readings("m", 2.0, 0.5, 100.0)),
-                (&b, readings("m", 3.0, 0.25, 0.0)),
+                (&a, 0.0, readings("m", 2.0, 0.5, 100.0)),
+                (&b, 0.0, readings("m", 3.0, 0.25, 0.0)),
             ],
             &rates,
             30.0,
-            0.0,
         );
         assert!(first.rates_warming_up);
         let w = first.families.waiting.select(&all()).expect("some");
@@ -471,12 +485,11 @@ mod tests {
         let second = summarise(
             &t,
             &[
-                (&a, readings("m", 0.0, 0.5, 40.0)),
-                (&b, readings("m", 0.0, 0.25, 200.0)),
+                (&a, 10.0, readings("m", 0.0, 0.5, 40.0)),
+                (&b, 10.0, readings("m", 0.0, 0.25, 200.0)),
             ],
             &rates,
             30.0,
-            10.0,
         );
         assert!(!second.rates_warming_up);
         let g = second
@@ -497,19 +510,25 @@ mod tests {
         let t = target();
         let first = summarise(
             &t,
-            &[(&a, with_prompt(readings("m", 0.0, 0.1, 100.0), "m", 5000.0))],
+            &[(
+                &a,
+                0.0,
+                with_prompt(readings("m", 0.0, 0.1, 100.0), "m", 5000.0),
+            )],
             &rates,
             30.0,
-            0.0,
         );
         assert!(first.rates_warming_up);
         assert_eq!(first.families.prompt_tokens.select(&all()), None);
         let second = summarise(
             &t,
-            &[(&a, with_prompt(readings("m", 0.0, 0.1, 300.0), "m", 9000.0))],
+            &[(
+                &a,
+                10.0,
+                with_prompt(readings("m", 0.0, 0.1, 300.0), "m", 9000.0),
+            )],
             &rates,
             30.0,
-            10.0,
         );
         assert!(!second.rates_warming_up);
         let p = second.families.prompt_tokens.select(&all()).expect("rate");
@@ -542,9 +561,9 @@ mod tests {
             r
         };
         let t = target();
-        let first = summarise(&t, &[(&a, only_prompt(100.0))], &rates, 30.0, 0.0);
+        let first = summarise(&t, &[(&a, 0.0, only_prompt(100.0))], &rates, 30.0);
         assert!(first.rates_warming_up);
-        let second = summarise(&t, &[(&a, only_prompt(50.0))], &rates, 30.0, 5.0);
+        let second = summarise(&t, &[(&a, 5.0, only_prompt(50.0))], &rates, 30.0);
         assert!(!second.rates_warming_up);
         // A reset counts from zero, as for generated tokens.
         let p = second.families.prompt_tokens.select(&all()).expect("rate");

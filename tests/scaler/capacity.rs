@@ -69,22 +69,27 @@ async fn the_default_trigger_learns_capacity_while_requests_queue() {
     for pod in &pods {
         pod.set(0, |e| e.waiting = 4.0);
     }
-    eventually(Duration::from_secs(15), "saturated samples", || {
-        let (mut c, so) = (c.clone(), so.clone());
-        let s = &s;
-        async move {
-            get_metrics(&mut c, &so).await.ok()?;
-            let view = explained(s)?.capacity?;
-            (view.samples >= 8).then_some(())
-        }
-    })
+    // Rates over a 1 s window move by a few per cent when the machine pauses this test for
+    // tens of milliseconds between a pod's answer and its reading; the learner's quantile
+    // settles on the true pace as saturated samples keep coming, so this polls until it has.
+    let learned = eventually(
+        Duration::from_secs(15),
+        "the saturated pace learned",
+        || {
+            let (mut c, so) = (c.clone(), so.clone());
+            let s = &s;
+            async move {
+                get_metrics(&mut c, &so).await.ok()?;
+                let view = explained(s)?.capacity?;
+                let learned = view.per_replica?;
+                (view.samples >= 8
+                    && close(learned.prompt, PROMPT, 0.03)
+                    && close(learned.generated, GENERATED, 0.03))
+                .then_some(learned)
+            }
+        },
+    )
     .await;
-    let learned = explained(&s)
-        .and_then(|e| e.capacity)
-        .and_then(|v| v.per_replica)
-        .expect("learned");
-    assert!(close(learned.prompt, PROMPT, 0.03), "{learned:?}");
-    assert!(close(learned.generated, GENERATED, 0.03), "{learned:?}");
 
     // The queue empties (first everywhere, so no mixed reading is saturated), then the pods
     // run at half the pace: 2 × PROMPT / 2 over 0.6 × PROMPT per replica = 1.67 replicas.
