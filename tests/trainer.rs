@@ -275,8 +275,14 @@ fn each_reclaim_notice_gets_exactly_one_checkpoint() {
     let second = "2026-11-30T22:00:00Z";
     t.publish(&[("team", "vision"), (RECLAIM_NOTICE_ANNOTATION, second)]);
     assert_eq!(t.wait_checkpoint("notice", Some(second)), n + 1);
-    t.publish(&[("team", "ml"), (RECLAIM_NOTICE_ANNOTATION, second)]);
-    t.wait_read(2, second);
+    // Other annotations with the same notice: three entries, so the read awaited is this one,
+    // not the earlier read of two.
+    t.publish(&[
+        ("team", "ml"),
+        ("queue", "night"),
+        (RECLAIM_NOTICE_ANNOTATION, second),
+    ]);
+    t.wait_read(3, second);
     assert_eq!(
         t.checkpoint().and_then(|c| c["checkpoints"].as_u64()),
         Some(n + 1)

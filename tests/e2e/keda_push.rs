@@ -25,6 +25,7 @@ use crate::keda_loop::{
     adapt_deployment, adapt_scaled_object, create_model_token, scaled_object_resource,
     start_source, wait_condition, wait_hpa_desired, wait_replicas,
 };
+use crate::wait::{self, Check};
 
 const INFERENCE_NS: &str = "e2e-push";
 const SCALED_OBJECT: &str = "vllm-llama";
@@ -83,10 +84,21 @@ async fn scenario(c: &Cluster, dir: &std::path::Path) -> Result<()> {
 
     // No demand: KEDA's first check finds the trigger inactive and scales to zero.
     wait_replicas(c, &deployments, 0).await?;
-    ensure!(
-        stream_requests(&admin).await? > 0.0,
-        "KEDA should hold a StreamIsActive stream to nightshift"
-    );
+    // KEDA opens the stream and runs its first poll at about the same time; the stream's first
+    // evaluation may land after the scale to zero.
+    wait::until(
+        "KEDA holding a StreamIsActive stream to nightshift",
+        Duration::from_secs(60),
+        || async {
+            let streams = stream_requests(&admin).await?;
+            Ok(if streams > 0.0 {
+                Check::Done(())
+            } else {
+                Check::Pending(format!("{streams} stream requests"))
+            })
+        },
+    )
+    .await?;
 
     // Load arrives: the stream wakes the service, then the HPA follows the demand.
     let t_load = Instant::now();

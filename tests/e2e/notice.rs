@@ -279,14 +279,26 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         "every preempted research pod should have had its notice first: preempted {preempted:?}, \
          warned {warned:?}"
     );
-    let noticed_metric = nightshift
-        .metric("nightshift_pool_preempted_research_pods_total{noticed=\"true\"}")
-        .await?;
-    ensure!(
-        noticed_metric >= preempted.len() as f64,
-        "nightshift should count {} preemption(s) with notice: {noticed_metric}",
-        preempted.len()
-    );
+    // nightshift counts a preemption when its own watch sees the pod go, which may come after
+    // this test's watch saw it.
+    wait::until(
+        &format!(
+            "nightshift counting {} preemption(s) with notice",
+            preempted.len()
+        ),
+        STEP,
+        || async {
+            let noticed = nightshift
+                .metric("nightshift_pool_preempted_research_pods_total{noticed=\"true\"}")
+                .await?;
+            Ok(if noticed >= preempted.len() as f64 {
+                Check::Done(())
+            } else {
+                Check::Pending(format!("{noticed} counted"))
+            })
+        },
+    )
+    .await?;
 
     // Phase 2: a rise that stops short: a notice, then withdrawn; nothing preempted.
     let before = watch.research();

@@ -222,22 +222,29 @@ async fn garbage_slow_and_refusing_prometheus_are_explicit_errors() {
     let prom = FakePrometheus::start(Mode::Garbage, 1).await;
     let s = ScalerUnderTest::start(Duration::from_millis(1)).await;
     let mut c = s.client().await;
-    let so = scaled_object(
-        "m",
-        &[
-            ("serverAddress", &prom.address()),
-            ("model", "model-0"),
-            ("waitingTarget", "1"),
-            ("timeout", "300ms"),
-        ],
-    );
+    // A short timeout only where the slow answer is under test: elsewhere a paused machine must
+    // not turn the expected error into a timeout.
+    let trigger = |timeout: &str| {
+        scaled_object(
+            "m",
+            &[
+                ("serverAddress", &prom.address()),
+                ("model", "model-0"),
+                ("waitingTarget", "1"),
+                ("timeout", timeout),
+            ],
+        )
+    };
+    let so = trigger("10s");
     let e = get_metrics(&mut c, &so).await.expect_err("garbage");
     assert_eq!(e.code(), Code::Internal, "{e:?}");
 
     prom.set_mode(Mode::Slow(Duration::from_secs(5)));
     tokio::time::sleep(Duration::from_millis(5)).await;
     let started = std::time::Instant::now();
-    let e = get_metrics(&mut c, &so).await.expect_err("slow");
+    let e = get_metrics(&mut c, &trigger("300ms"))
+        .await
+        .expect_err("slow");
     assert_eq!(e.code(), Code::DeadlineExceeded, "{e:?}");
     assert!(started.elapsed() < Duration::from_secs(3));
 

@@ -162,7 +162,9 @@ async fn rpcs_above_the_per_connection_cap_wait_until_one_ends() {
 #[tokio::test]
 async fn an_rpc_slower_than_the_rpc_timeout_is_cancelled_never_answered_with_zero() {
     let prom = FakePrometheus::start(Mode::Held(Arc::new(Semaphore::new(0))), 1).await;
-    let limit = Duration::from_millis(300);
+    // Long enough that the call reaches the source before it is cancelled, even on a paused
+    // machine; short next to `DEADLINE`.
+    let limit = Duration::from_secs(1);
     let s = start(|l| l.rpc_timeout = limit).await;
     let mut c = s.client().await;
     let started = std::time::Instant::now();

@@ -64,7 +64,9 @@ async fn handshakes_above_the_cap_wait_and_slow_ones_are_dropped() {
         l.accept = AcceptLimits {
             max_connections: 8,
             max_handshakes: 1,
-            handshake_timeout: Duration::from_millis(800),
+            // Well above `HELD` plus the set-up before it, so that a paused machine does not
+            // free the place while the test checks it is held.
+            handshake_timeout: Duration::from_secs(2),
         }
     })
     .await;
@@ -135,8 +137,9 @@ fn h2_client(s: &Server) -> reqwest::Client {
 /// first (a review held by a slow cluster lookup) ends, while another connection is served.
 #[tokio::test]
 async fn http2_streams_above_the_cap_wait_until_one_ends() {
-    // The lookup outlasts the request limit: the review ends with HTTP 408 at that limit.
-    let request_limit = Duration::from_secs(2);
+    // The lookup outlasts the request limit: the review ends with HTTP 408 at that limit, which
+    // is well above `HELD` plus the set-up before it, even on a paused machine.
+    let request_limit = Duration::from_secs(5);
     let slow = SlowCluster::new(research_cluster(), Duration::from_secs(60));
     let entered = slow.entered.clone();
     let mut limits = Limits::default();
