@@ -7,24 +7,59 @@
 //! owns the map of learners (dropped with the ScaledObject's other state when it is no longer
 //! evaluated, or when its trigger stops learning) and what the explanation and the metrics show
 //! of them. Nothing is persisted: after a restart each service learns again from its next
-//! saturated readings, scaling on its queue meanwhile.
+//! saturated readings, scaling on its queue meanwhile. A learner belongs to the service its
+//! trigger reads ([`service_of`]): when the trigger is changed to read another model or Service,
+//! the capacity learned of the old one is dropped and learning starts again.
 
 use std::{
     collections::HashMap,
+    hash::{DefaultHasher, Hash, Hasher},
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use super::{explain::CapacityView, metrics::ScalerMetrics};
-use crate::capacity::{CapacityConfig, LearnedCapacity, Throughput};
+use super::{
+    explain::CapacityView,
+    metadata::{Source, TriggerConfig},
+    metrics::ScalerMetrics,
+};
+use crate::{
+    capacity::{CapacityConfig, LearnedCapacity, Throughput},
+    sources::scrape::Pods,
+};
 
 /// (namespace, name) of a ScaledObject.
 type Key = (String, String);
 
-/// One evaluation's totals: pods, waiting, prompt and generated tokens per second.
-type Reading = (usize, f64, f64, f64);
+/// One evaluation's totals (all summed over pods): pods reporting, requests waiting, prompt and
+/// generated tokens per second.
+pub type Reading = (usize, f64, f64, f64);
+
+/// Which service a trigger's capacity is learned of: its model selection, its label matchers
+/// and, for a Service's pods, that Service. What a replica sustains depends on the model and
+/// engine behind these, not on where the metrics are read: a new Prometheus address or a longer
+/// static list of pods is the same service, another model or Service is not.
+pub fn service_of(config: &TriggerConfig) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    config.selection.hash(&mut hasher);
+    match &config.source {
+        Source::Prometheus { labels, .. } => labels.matchers.hash(&mut hasher),
+        Source::Scrape(target) => {
+            target.matchers.hash(&mut hasher);
+            if let Pods::Service {
+                namespace, name, ..
+            } = &target.pods
+            {
+                (namespace, name).hash(&mut hasher);
+            }
+        }
+    }
+    hasher.finish()
+}
 
 /// A ScaledObject's learner and the last reading it was fed.
 struct Entry {
+    /// [`service_of`] the trigger the learner learned from.
+    service: u64,
     learner: LearnedCapacity,
     /// Evaluations within the sources' cache time (`GetMetrics`, `IsActive` and the stream of
     /// one ScaledObject) read the same totals: a reading equal to the last one is that same
@@ -58,29 +93,33 @@ impl Capacities {
         }
     }
 
-    /// Feeds one successful evaluation's totals (pods reporting, requests waiting, prompt and
-    /// generated tokens per second, all summed over pods) to the ScaledObject's learner and
-    /// returns the targets at `utilization` with what the explanation shows.
-    #[allow(clippy::too_many_arguments)]
+    /// Feeds one successful evaluation's totals to the ScaledObject's learner for `service`
+    /// ([`service_of`] its trigger; a learner of another service is replaced) and returns the
+    /// targets at `utilization` with what the explanation shows.
     pub fn learn(
         &self,
         namespace: &str,
         name: &str,
+        service: u64,
         utilization: f64,
-        pods: usize,
-        waiting: f64,
-        prompt: f64,
-        generated: f64,
+        reading: Reading,
     ) -> (Learned, CapacityView) {
+        let (pods, waiting, prompt, generated) = reading;
         let (per_replica, targets, samples, saturated) = {
             let mut entries = self.lock();
+            let fresh = || Entry {
+                service,
+                learner: LearnedCapacity::new(self.config),
+                last: None,
+            };
             let entry = entries
                 .entry((namespace.to_string(), name.to_string()))
-                .or_insert_with(|| Entry {
-                    learner: LearnedCapacity::new(self.config),
-                    last: None,
-                });
-            let reading = (pods, waiting, prompt, generated);
+                .and_modify(|e| {
+                    if e.service != service {
+                        *e = fresh();
+                    }
+                })
+                .or_insert_with(fresh);
             let saturated = if entry.last == Some(reading) {
                 false
             } else {
@@ -163,23 +202,61 @@ mod tests {
     #[test]
     fn learns_per_scaled_object_and_forgets() {
         let c = Capacities::new(CapacityConfig::default(), ScalerMetrics::default());
-        let (learned, view) = c.learn("a", "x", 0.5, 2, 0.0, 100.0, 10.0);
+        let (learned, view) = c.learn("a", "x", 1, 0.5, (2, 0.0, 100.0, 10.0));
         assert_eq!(learned.prompt_target, None);
         assert!(view.state.starts_with("learning"), "{}", view.state);
-        let (learned, view) = c.learn("a", "x", 0.5, 2, 4.0, 1000.0, 0.0);
+        let (learned, view) = c.learn("a", "x", 1, 0.5, (2, 4.0, 1000.0, 0.0));
         assert_eq!(learned.prompt_target, Some(250.0));
         // Never produced while saturated: no target rather than a zero one.
         assert_eq!(learned.generated_target, None);
         assert_eq!(view.samples, 1);
         assert!(view.sampled);
         // The same reading again (a cached pass read by another RPC) is not a second sample.
-        let (_, again) = c.learn("a", "x", 0.5, 2, 4.0, 1000.0, 0.0);
+        let (_, again) = c.learn("a", "x", 1, 0.5, (2, 4.0, 1000.0, 0.0));
         assert_eq!((again.samples, again.sampled), (1, false));
-        let (other, _) = c.learn("a", "y", 0.5, 1, 0.0, 1.0, 1.0);
+        let (other, _) = c.learn("a", "y", 1, 0.5, (1, 0.0, 1.0, 1.0));
         assert_eq!(other.prompt_target, None);
         assert_eq!(c.len(), 2);
         c.forget("a", "x");
         c.forget("a", "x");
         assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn a_trigger_reading_another_service_learns_afresh() {
+        let c = Capacities::new(CapacityConfig::default(), ScalerMetrics::default());
+        let (learned, _) = c.learn("a", "x", 1, 0.5, (2, 4.0, 1000.0, 100.0));
+        assert_eq!(learned.prompt_target, Some(250.0));
+        // Same service: what was learned stays.
+        let (learned, view) = c.learn("a", "x", 1, 0.5, (2, 0.0, 10.0, 1.0));
+        assert_eq!((learned.prompt_target, view.samples), (Some(250.0), 1));
+        // Another model behind the same ScaledObject: nothing of the old one is kept.
+        let (learned, view) = c.learn("a", "x", 2, 0.5, (2, 0.0, 10.0, 1.0));
+        assert_eq!((learned.prompt_target, view.samples), (None, 0));
+        assert!(view.state.starts_with("learning"), "{}", view.state);
+        assert_eq!(c.len(), 1);
+    }
+
+    fn trigger(metadata: &[(&str, &str)]) -> TriggerConfig {
+        let metadata = metadata
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        crate::scaler::metadata::parse(&metadata, "team-a").expect("valid trigger")
+    }
+
+    #[test]
+    fn the_service_is_the_model_and_service_read_not_the_address() {
+        let prometheus = |address: &str, model: &str| {
+            service_of(&trigger(&[("serverAddress", address), ("model", model)]))
+        };
+        let p = prometheus("http://prometheus:9090", "llama");
+        assert_eq!(p, prometheus("http://thanos:9090", "llama"));
+        assert_ne!(p, prometheus("http://prometheus:9090", "mistral"));
+        let pods =
+            |endpoints: &str| service_of(&trigger(&[("endpoints", endpoints), ("model", "llama")]));
+        assert_eq!(pods("10.0.0.1:8000"), pods("10.0.0.1:8000,10.0.0.2:8000"));
+        let service = |name: &str| service_of(&trigger(&[("service", name), ("model", "llama")]));
+        assert_ne!(service("vllm-a"), service("vllm-b"));
     }
 }

@@ -492,11 +492,14 @@ impl Scaler {
         let (learned, mut view) = self.capacities.learn(
             &explanation.namespace,
             &explanation.name,
+            capacities::service_of(config),
             learning.utilization,
-            totals.pods,
-            total(Signal::Waiting),
-            total(Signal::PromptTokens),
-            total(Signal::GenerationTokens),
+            (
+                totals.pods,
+                total(Signal::Waiting),
+                total(Signal::PromptTokens),
+                total(Signal::GenerationTokens),
+            ),
         );
         for (signal, target) in [
             (Signal::PromptTokens, learned.prompt_target),
