@@ -173,11 +173,14 @@ pub struct AutoscalingConfig {
     /// HPA `behavior.scaleDown.stabilizationWindowSeconds` default (300); vLLM production-stack
     /// uses the same.
     pub scale_down_window_s: f64,
-    /// HPA default scale-up policy: add up to 4 pods or 100 % per period, whichever is more.
-    pub scale_up_pods: u32,
-    pub scale_up_percent: f64,
-    /// HPA default scale-down policy: remove up to 100 % per period.
-    pub scale_down_percent: f64,
+    /// HPA `behavior.scaleUp.policies` and `selectPolicy`; the default adds up to 4 pods or
+    /// 100 % per 15 s, whichever is more.
+    pub scale_up_policies: Vec<HpaPolicy>,
+    pub scale_up_select: HpaSelect,
+    /// HPA `behavior.scaleDown.policies` and `selectPolicy`; the default removes up to 100 %
+    /// per 15 s.
+    pub scale_down_policies: Vec<HpaPolicy>,
+    pub scale_down_select: HpaSelect,
     /// KEDA `pollingInterval` (30 s default). With `use_cached_metrics` the HPA reads the value
     /// KEDA polled last; otherwise (KEDA's default) each HPA sync queries the scaler.
     pub keda_polling_s: f64,
@@ -194,13 +197,56 @@ impl Default for AutoscalingConfig {
             tolerance: 0.1,
             scale_up_window_s: 0.0,
             scale_down_window_s: 300.0,
-            scale_up_pods: 4,
-            scale_up_percent: 100.0,
-            scale_down_percent: 100.0,
+            scale_up_policies: vec![
+                HpaPolicy {
+                    kind: HpaPolicyKind::Pods,
+                    value: 4.0,
+                    period_s: 15.0,
+                },
+                HpaPolicy {
+                    kind: HpaPolicyKind::Percent,
+                    value: 100.0,
+                    period_s: 15.0,
+                },
+            ],
+            scale_up_select: HpaSelect::Max,
+            scale_down_policies: vec![HpaPolicy {
+                kind: HpaPolicyKind::Percent,
+                value: 100.0,
+                period_s: 15.0,
+            }],
+            scale_down_select: HpaSelect::Max,
             keda_polling_s: 30.0,
             use_cached_metrics: false,
         }
     }
+}
+
+/// One HPA scaling policy (`behavior.scaleUp.policies[]`, `behavior.scaleDown.policies[]`): at
+/// most `value` pods, or `value` per cent of the replicas at the period's start, added (or
+/// removed) within any `period_s`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HpaPolicy {
+    pub kind: HpaPolicyKind,
+    pub value: f64,
+    pub period_s: f64,
+}
+
+/// `type` of an HPA scaling policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HpaPolicyKind {
+    Pods,
+    Percent,
+}
+
+/// `selectPolicy`: `max` takes the policy allowing the largest change, `min` the smallest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HpaSelect {
+    Max,
+    Min,
 }
 
 /// Prometheus, for the policies that read metrics through it.
@@ -514,6 +560,31 @@ impl Scenario {
                 ));
             }
         }
+        for (name, policies) in [
+            (
+                "autoscaling.scale_up_policies",
+                &self.autoscaling.scale_up_policies,
+            ),
+            (
+                "autoscaling.scale_down_policies",
+                &self.autoscaling.scale_down_policies,
+            ),
+        ] {
+            if policies.is_empty() {
+                return Err(format!("{name} needs at least one policy"));
+            }
+            for p in policies {
+                let whole = p.kind == HpaPolicyKind::Percent || p.value.fract() == 0.0;
+                let positive = |v: f64| v.is_finite() && v > 0.0;
+                if !(positive(p.value) && whole && positive(p.period_s)) {
+                    return Err(format!(
+                        "{name}: value (whole pods, or per cent) and period_s must be finite \
+                         numbers above zero, got {} and {}",
+                        p.value, p.period_s
+                    ));
+                }
+            }
+        }
         let non_negative = [
             ("model.kv_read_s_per_token", self.model.kv_read_s_per_token),
             ("model.startup_s", self.model.startup_s),
@@ -625,5 +696,34 @@ mod tests {
                 .expect_err("a zero step is refused")
                 .contains("run.step_s")
         );
+    }
+
+    #[test]
+    fn hpa_policies_are_read_from_a_file_and_checked() {
+        let s = Scenario::from_toml(
+            "[autoscaling]\nscale_down_select = \"min\"\n\
+             scale_down_policies = [{ kind = \"pods\", value = 1, period_s = 300 }]\n",
+        )
+        .expect("valid");
+        assert_eq!(s.autoscaling.scale_down_select, HpaSelect::Min);
+        assert_eq!(
+            s.autoscaling.scale_down_policies,
+            [HpaPolicy {
+                kind: HpaPolicyKind::Pods,
+                value: 1.0,
+                period_s: 300.0
+            }]
+        );
+        s.validate().expect("valid");
+        assert!(Scenario::from_toml("[autoscaling]\nscale_up_select = \"most\"\n").is_err());
+        for bad in [
+            "scale_up_policies = []",
+            "scale_up_policies = [{ kind = \"pods\", value = 1.5, period_s = 15 }]",
+            "scale_down_policies = [{ kind = \"percent\", value = 50, period_s = 0 }]",
+        ] {
+            let s = Scenario::from_toml(&format!("[autoscaling]\n{bad}\n")).expect("parses");
+            let error = s.validate().expect_err(bad);
+            assert!(error.contains("autoscaling.scale_"), "{error}");
+        }
     }
 }

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 
 use serde::Serialize;
 
-use super::config::{AutoscalingConfig, NightWindowConfig};
+use super::config::{AutoscalingConfig, HpaPolicyKind, HpaSelect, NightWindowConfig};
 use crate::demand::{self, Decision, DemandError, Targets, Totals};
 
 /// Which scaling policy a run uses.
@@ -95,13 +95,23 @@ pub fn night_window_replicas(cfg: &NightWindowConfig, t: f64) -> u32 {
 }
 
 /// The HPA's replica calculation for one external metric of type `AverageValue`, with
-/// tolerance, stabilisation windows and the default rate-limiting policies (Kubernetes
+/// tolerance, stabilisation windows and the `behavior` rate-limiting policies (Kubernetes
 /// `pkg/controller/podautoscaler`).
 #[derive(Clone, Debug)]
 pub struct Hpa {
     cfg: AutoscalingConfig,
     /// Recent raw recommendations, for the stabilisation windows.
     history: VecDeque<(f64, u32)>,
+    /// Recent changes of the replica count it made (added positive, removed negative), for the
+    /// policies' periods.
+    events: VecDeque<(f64, i64)>,
+}
+
+/// Which way a rate limit applies.
+#[derive(Clone, Copy, PartialEq)]
+enum Direction {
+    Up,
+    Down,
 }
 
 impl Hpa {
@@ -109,7 +119,56 @@ impl Hpa {
         Hpa {
             cfg,
             history: VecDeque::new(),
+            events: VecDeque::new(),
         }
+    }
+
+    /// Replicas added and removed by the changes within the last `period_s` (a change exactly
+    /// one period ago is outside it, as Kubernetes counts).
+    fn changes_within(&self, now: f64, period_s: f64) -> (i64, i64) {
+        self.events
+            .iter()
+            .filter(|(t, _)| t + period_s > now + 1e-9)
+            .fold((0, 0), |(added, removed), (_, change)| {
+                if *change > 0 {
+                    (added + change, removed)
+                } else {
+                    (added, removed - change)
+                }
+            })
+    }
+
+    /// The furthest the policies let the replicas go from `current` in `direction` at `now`:
+    /// each policy proposes a count from the replicas at its period's start, and `selectPolicy`
+    /// takes the largest change (`max`) or the smallest (`min`).
+    fn limit(&self, now: f64, current: u32, direction: Direction) -> u32 {
+        let c = &self.cfg;
+        let (policies, select) = match direction {
+            Direction::Up => (&c.scale_up_policies, c.scale_up_select),
+            Direction::Down => (&c.scale_down_policies, c.scale_down_select),
+        };
+        let proposals = policies.iter().map(|p| {
+            let (added, removed) = self.changes_within(now, p.period_s);
+            let start = (i64::from(current) - added + removed).max(0) as f64;
+            let proposed = match (direction, p.kind) {
+                (Direction::Up, HpaPolicyKind::Pods) => start + p.value,
+                // Rounded up, so that a small fleet can grow at all.
+                (Direction::Up, HpaPolicyKind::Percent) => (start * (1.0 + p.value / 100.0)).ceil(),
+                (Direction::Down, HpaPolicyKind::Pods) => start - p.value,
+                (Direction::Down, HpaPolicyKind::Percent) => {
+                    (start * (1.0 - p.value / 100.0)).trunc()
+                }
+            };
+            proposed.clamp(0.0, f64::from(u32::MAX)) as u32
+        });
+        // The largest change up is the highest count, the largest change down the lowest.
+        let highest = (select == HpaSelect::Max) == (direction == Direction::Up);
+        let limit = if highest {
+            proposals.max()
+        } else {
+            proposals.min()
+        };
+        limit.unwrap_or(current)
     }
 
     /// Desired replicas at `now` given the metric's total value (`None`: the metric could not be
@@ -155,22 +214,38 @@ impl Hpa {
         if desired > down {
             desired = down;
         }
-        // Rate limits per period: up by max(pods, percent), down by percent.
-        let up_limit = (current + c.scale_up_pods)
-            .max((f64::from(current) * (1.0 + c.scale_up_percent / 100.0)).floor() as u32);
-        let down_limit = (f64::from(current) * (1.0 - c.scale_down_percent / 100.0))
-            .ceil()
-            .max(0.0) as u32;
+        // Rate limits: never past what the policies allow within their periods.
+        if desired > current {
+            desired = desired.min(self.limit(now, current, Direction::Up).max(current));
+        } else if desired < current {
+            desired = desired.max(self.limit(now, current, Direction::Down).min(current));
+        }
+        let desired = desired.clamp(c.min_replicas, c.max_replicas);
+        if desired != current {
+            self.events
+                .push_back((now, i64::from(desired) - i64::from(current)));
+        }
+        let longest = c
+            .scale_up_policies
+            .iter()
+            .chain(&c.scale_down_policies)
+            .map(|p| p.period_s)
+            .fold(0.0, f64::max);
+        while self
+            .events
+            .front()
+            .is_some_and(|(t, _)| *t + longest <= now)
+        {
+            self.events.pop_front();
+        }
         desired
-            .clamp(down_limit, up_limit.max(down_limit))
-            .clamp(c.min_replicas, c.max_replicas)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::demand::PerSignal;
+    use crate::{demand::PerSignal, sim::config::HpaPolicy};
 
     fn hpa() -> Hpa {
         Hpa::new(AutoscalingConfig::default())
@@ -207,6 +282,71 @@ mod tests {
         assert_eq!(h.desired(0.0, 2, Some(1500.0), 100.0), 6);
         assert_eq!(h.desired(15.0, 6, Some(1500.0), 100.0), 12);
         assert_eq!(h.desired(30.0, 12, Some(1500.0), 100.0), 15);
+    }
+
+    fn policy(kind: HpaPolicyKind, value: f64, period_s: f64) -> HpaPolicy {
+        HpaPolicy {
+            kind,
+            value,
+            period_s,
+        }
+    }
+
+    /// The behaviour of the example ScaledObject (`manifests/examples/vllm/scaledobject.yaml`).
+    fn example() -> Hpa {
+        Hpa::new(AutoscalingConfig {
+            scale_up_policies: vec![
+                policy(HpaPolicyKind::Percent, 100.0, 30.0),
+                policy(HpaPolicyKind::Pods, 2.0, 30.0),
+            ],
+            scale_up_select: HpaSelect::Max,
+            scale_down_window_s: 600.0,
+            scale_down_policies: vec![policy(HpaPolicyKind::Pods, 1.0, 300.0)],
+            scale_down_select: HpaSelect::Min,
+            ..AutoscalingConfig::default()
+        })
+    }
+
+    #[test]
+    fn scale_up_counts_what_was_added_within_the_period() {
+        let mut h = example();
+        // From 2: max(2 + 2, 2 × 2) = 4 within 30 s.
+        assert_eq!(h.desired(0.0, 2, Some(2000.0), 100.0), 4);
+        // 15 s later the period still holds those 2: it started at 2, so 4 it stays.
+        assert_eq!(h.desired(15.0, 4, Some(2000.0), 100.0), 4);
+        // 30 s after the first step, a new period: 4 doubles.
+        assert_eq!(h.desired(30.0, 4, Some(2000.0), 100.0), 8);
+    }
+
+    #[test]
+    fn scale_down_removes_one_pod_per_period_after_the_window() {
+        let mut h = example();
+        assert_eq!(h.desired(0.0, 8, Some(800.0), 100.0), 8);
+        // Demand falls to 2 replicas: the 600 s window holds 8 ...
+        assert_eq!(h.desired(300.0, 8, Some(200.0), 100.0), 8);
+        // ... then one pod goes, and no other within 300 s.
+        assert_eq!(h.desired(615.0, 8, Some(200.0), 100.0), 7);
+        assert_eq!(h.desired(630.0, 7, Some(200.0), 100.0), 7);
+        assert_eq!(h.desired(900.0, 7, Some(200.0), 100.0), 7);
+        assert_eq!(h.desired(915.0, 7, Some(200.0), 100.0), 6);
+    }
+
+    #[test]
+    fn select_min_takes_the_smallest_change_and_max_the_largest() {
+        let both = |select| {
+            Hpa::new(AutoscalingConfig {
+                scale_down_policies: vec![
+                    policy(HpaPolicyKind::Pods, 1.0, 15.0),
+                    policy(HpaPolicyKind::Percent, 50.0, 15.0),
+                ],
+                scale_down_select: select,
+                scale_down_window_s: 0.0,
+                ..AutoscalingConfig::default()
+            })
+        };
+        // From 10 towards 1: one pod, or half of them.
+        assert_eq!(both(HpaSelect::Min).desired(0.0, 10, Some(100.0), 100.0), 9);
+        assert_eq!(both(HpaSelect::Max).desired(0.0, 10, Some(100.0), 100.0), 5);
     }
 
     #[test]

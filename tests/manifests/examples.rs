@@ -121,6 +121,65 @@ fn scaled_object_scales_the_vllm_deployment_through_nightshift_safely() {
     );
 }
 
+/// The scenario that simulates the example's HPA behaviour says what the example says.
+#[test]
+fn the_simulated_example_behaviour_is_the_example_scaled_objects() {
+    use nightshift::sim::config::{HpaPolicy, HpaPolicyKind, HpaSelect, Scenario};
+
+    let Some(ws) = Workspace::new() else { return };
+    let example = render(&ws, "vllm");
+    let so = example.get("ScaledObject", "vllm-llama");
+    let behavior = &so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"];
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("data/scenarios/example-behaviour.toml"),
+    )
+    .expect("scenario file");
+    let simulated = Scenario::from_toml(&text).expect("scenario").autoscaling;
+    let rules = |direction: &str| {
+        let rules = &behavior[direction];
+        let select = match rules["selectPolicy"].as_str().unwrap_or("Max") {
+            "Max" => HpaSelect::Max,
+            "Min" => HpaSelect::Min,
+            other => panic!("selectPolicy {other} is not simulated"),
+        };
+        let policies: Vec<HpaPolicy> = rules["policies"]
+            .as_array()
+            .expect("policies")
+            .iter()
+            .map(|p| HpaPolicy {
+                kind: match p["type"].as_str().expect("type") {
+                    "Pods" => HpaPolicyKind::Pods,
+                    "Percent" => HpaPolicyKind::Percent,
+                    other => panic!("policy type {other}"),
+                },
+                value: p["value"].as_f64().expect("value"),
+                period_s: p["periodSeconds"].as_f64().expect("periodSeconds"),
+            })
+            .collect();
+        let window = rules["stabilizationWindowSeconds"]
+            .as_f64()
+            .expect("window");
+        (window, select, policies)
+    };
+    assert_eq!(
+        rules("scaleUp"),
+        (
+            simulated.scale_up_window_s,
+            simulated.scale_up_select,
+            simulated.scale_up_policies
+        )
+    );
+    assert_eq!(
+        rules("scaleDown"),
+        (
+            simulated.scale_down_window_s,
+            simulated.scale_down_select,
+            simulated.scale_down_policies
+        )
+    );
+}
+
 #[test]
 fn scaler_variants_change_only_the_trigger_they_are_about() {
     let Some(ws) = Workspace::new() else { return };
