@@ -221,6 +221,13 @@ pub enum Denial {
          --description=\"research work on lent GPUs\"`, or apply nightshift's base manifests"
     )]
     MissingPriorityClass { class: String },
+    /// A part of the patch could not be written: the pod is refused rather than admitted
+    /// marked in part (no value the decision writes can fail, so this is a defect).
+    #[error(
+        "nightshift: cannot write the patch that marks this research pod ({detail}); it is \
+         refused rather than admitted unmarked"
+    )]
+    Unwritable { detail: String },
 }
 
 /// Decides what to do with `pod`, created in `namespace` whose labels are `namespace_labels`.
@@ -292,7 +299,7 @@ pub fn mutate(
     if policy.notice_file {
         notice_file(&mut b, spec);
     }
-    Ok(b.finish(Classification::Research { gpu }))
+    b.finish(Classification::Research { gpu })
 }
 
 /// Whether any container (init containers included) requests or limits `resource` above zero.
@@ -838,6 +845,8 @@ struct Builder {
     warnings: Vec<String>,
     /// Warnings that only make sense if the pod is changed at all (informational notes).
     notes: Vec<String>,
+    /// The first operation that could not be written, if any.
+    unwritable: Option<String>,
 }
 
 impl Builder {
@@ -881,11 +890,13 @@ impl Builder {
     fn operation(&mut self, op: &str, path: &[&str], value: &(impl serde::Serialize + ?Sized)) {
         let start = self.text.len();
         self.begin(op, path);
-        if serde_json::to_writer(&mut self.text, value).is_err() {
+        if let Err(e) = serde_json::to_writer(&mut self.text, value) {
             // Only a map with keys that are not strings fails to serialise, and no value here
-            // has one; should it ever, the operation is left out rather than written in part.
+            // has one; should it ever, the pod is refused (see `finish`), never marked in part.
             self.text.truncate(start);
             self.ops -= 1;
+            self.unwritable
+                .get_or_insert_with(|| format!("{op} /{}: {e}", path.join("/")));
             return;
         }
         self.text.push(b'}');
@@ -930,28 +941,32 @@ impl Builder {
         self.notes.push(w);
     }
 
-    fn finish(mut self, selection: Classification) -> Mutation {
+    /// The mutation, or a denial when an operation could not be written.
+    fn finish(mut self, selection: Classification) -> Result<Mutation, Denial> {
+        if let Some(detail) = self.unwritable {
+            return Err(Denial::Unwritable { detail });
+        }
         if self.ops == 0 {
-            return Mutation {
+            return Ok(Mutation {
                 selection,
                 patch: JsonPatch::default(),
                 warnings: self.warnings,
-            };
+            });
         }
         self.warnings.append(&mut self.notes);
         self.text.push(b']');
-        Mutation {
+        // Only ASCII and serde_json's output, which is UTF-8, went in; checked all the same.
+        let text = String::from_utf8(self.text).map_err(|e| Denial::Unwritable {
+            detail: e.to_string(),
+        })?;
+        Ok(Mutation {
             selection,
-            // Only `push`es of ASCII and serde_json's output, which is UTF-8, went in.
-            patch: match String::from_utf8(self.text) {
-                Ok(text) => JsonPatch {
-                    text,
-                    operations: self.ops,
-                },
-                Err(_) => JsonPatch::default(),
+            patch: JsonPatch {
+                text,
+                operations: self.ops,
             },
             warnings: self.warnings,
-        }
+        })
     }
 }
 

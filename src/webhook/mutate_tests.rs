@@ -1433,3 +1433,21 @@ fn required_affinity_without_a_term_list_gets_the_whole_list() {
         assert!(second.patch.is_empty(), "{}", patch_json(&second));
     }
 }
+
+#[test]
+fn a_patch_operation_that_cannot_be_written_refuses_the_pod() {
+    let mut b = Builder::default();
+    b.add(&["metadata", "labels", "team"], "vision");
+    // A map whose keys are not strings: the one value serde_json refuses to write.
+    let unwritable: BTreeMap<(u8, u8), u8> = [((1, 2), 3)].into();
+    b.add(&["spec", "nodeSelector"], &unwritable);
+    b.add(&["spec", "priorityClassName"], "nightshift-research");
+    let denial = b
+        .finish(Classification::Research { gpu: true })
+        .expect_err("refused, not marked in part");
+    assert!(matches!(denial, Denial::Unwritable { .. }), "{denial:?}");
+    assert!(
+        denial.to_string().contains("add /spec/nodeSelector"),
+        "{denial}"
+    );
+}
