@@ -8,24 +8,16 @@
 //! evaluated, or when its trigger stops learning) and what the explanation and the metrics show
 //! of them. Nothing is persisted: after a restart each service learns again from its next
 //! saturated readings, scaling on its queue meanwhile. A learner belongs to the service its
-//! trigger reads ([`service_of`]): when the trigger is changed to read another model or Service,
+//! trigger reads ([`super::metadata::TriggerConfig::service`]): when the trigger is changed to read another model or Service,
 //! the capacity learned of the old one is dropped and learning starts again.
 
 use std::{
     collections::HashMap,
-    hash::{DefaultHasher, Hash, Hasher},
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use super::{
-    explain::CapacityView,
-    metadata::{Source, TriggerConfig},
-    metrics::ScalerMetrics,
-};
-use crate::{
-    capacity::{CapacityConfig, LearnedCapacity, Throughput},
-    sources::scrape::Pods,
-};
+use super::{explain::CapacityView, metrics::ScalerMetrics};
+use crate::capacity::{CapacityConfig, LearnedCapacity, Throughput};
 
 /// (namespace, name) of a ScaledObject.
 type Key = (String, String);
@@ -34,31 +26,9 @@ type Key = (String, String);
 /// generated tokens per second.
 pub type Reading = (usize, f64, f64, f64);
 
-/// Which service a trigger's capacity is learned of: its model selection, its label matchers
-/// and, for a Service's pods, that Service. What a replica sustains depends on the model and
-/// engine behind these, not on where the metrics are read: a new Prometheus address or a longer
-/// static list of pods is the same service, another model or Service is not.
-pub fn service_of(config: &TriggerConfig) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    config.selection.hash(&mut hasher);
-    match &config.source {
-        Source::Prometheus { labels, .. } => labels.matchers.hash(&mut hasher),
-        Source::Scrape(target) => {
-            target.matchers.hash(&mut hasher);
-            if let Pods::Service {
-                namespace, name, ..
-            } = &target.pods
-            {
-                (namespace, name).hash(&mut hasher);
-            }
-        }
-    }
-    hasher.finish()
-}
-
 /// A ScaledObject's learner and the last reading it was fed.
 struct Entry {
-    /// [`service_of`] the trigger the learner learned from.
+    /// The service of the trigger the learner learned from (`TriggerConfig::service`).
     service: u64,
     learner: LearnedCapacity,
     /// Evaluations within the sources' cache time (`GetMetrics`, `IsActive` and the stream of
@@ -94,7 +64,7 @@ impl Capacities {
     }
 
     /// Feeds one successful evaluation's totals to the ScaledObject's learner for `service`
-    /// ([`service_of`] its trigger; a learner of another service is replaced) and returns the
+    /// (`TriggerConfig::service` of its trigger; a learner of another service is replaced) and returns the
     /// targets at `utilization` with what the explanation shows.
     pub fn learn(
         &self,
@@ -235,28 +205,5 @@ mod tests {
         assert_eq!((learned.prompt_target, view.samples), (None, 0));
         assert!(view.state.starts_with("learning"), "{}", view.state);
         assert_eq!(c.len(), 1);
-    }
-
-    fn trigger(metadata: &[(&str, &str)]) -> TriggerConfig {
-        let metadata = metadata
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        crate::scaler::metadata::parse(&metadata, "team-a").expect("valid trigger")
-    }
-
-    #[test]
-    fn the_service_is_the_model_and_service_read_not_the_address() {
-        let prometheus = |address: &str, model: &str| {
-            service_of(&trigger(&[("serverAddress", address), ("model", model)]))
-        };
-        let p = prometheus("http://prometheus:9090", "llama");
-        assert_eq!(p, prometheus("http://thanos:9090", "llama"));
-        assert_ne!(p, prometheus("http://prometheus:9090", "mistral"));
-        let pods =
-            |endpoints: &str| service_of(&trigger(&[("endpoints", endpoints), ("model", "llama")]));
-        assert_eq!(pods("10.0.0.1:8000"), pods("10.0.0.1:8000,10.0.0.2:8000"));
-        let service = |name: &str| service_of(&trigger(&[("service", name), ("model", "llama")]));
-        assert_ne!(service("vllm-a"), service("vllm-b"));
     }
 }

@@ -124,6 +124,9 @@ enum History {
     Rebuilt(usize),
     /// The rebuild failed (why); live evaluations only.
     Failed(String),
+    /// The trigger was changed to read another service: learned from live evaluations since
+    /// (the history in Prometheus is the old service's).
+    Changed,
 }
 
 impl fmt::Display for History {
@@ -135,6 +138,9 @@ impl fmt::Display for History {
                 f,
                 "rebuilt from Prometheus ({points} points), then live evaluations"
             ),
+            History::Changed => {
+                f.write_str("live evaluations since the trigger started reading this service")
+            }
             History::Failed(why) => write!(
                 f,
                 "live evaluations since the scaler started (rebuild from Prometheus failed: {why})"
@@ -144,6 +150,8 @@ impl fmt::Display for History {
 }
 
 struct Entry {
+    /// The service of the trigger the shape learned from (`TriggerConfig::service`).
+    service: u64,
     shape: DailyShape,
     history: History,
 }
@@ -173,27 +181,37 @@ impl Forecasts {
         }
     }
 
-    /// Records `measured` demand for the ScaledObject now and answers what to report:
-    /// max(measured, demand expected within `lead`), with the explanation. The first call for a
-    /// ScaledObject starts its shape (and its rebuild).
+    /// Records `measured` demand for the ScaledObject, whose trigger reads `service`
+    /// (`TriggerConfig::service`), now and answers what to report: max(measured, demand
+    /// expected within `lead`), with the explanation. The first call for a ScaledObject starts
+    /// its shape (and its rebuild); a trigger changed to read another service starts a new shape,
+    /// from live evaluations only.
     pub fn apply(
         &self,
         namespace: &str,
         name: &str,
+        service: u64,
         lead: Duration,
         measured: f64,
     ) -> (f64, ForecastView) {
         let now = seconds(self.options.clock.now());
         let key = (namespace.to_string(), name.to_string());
         let mut entries = self.lock();
+        let fresh = |history| Entry {
+            service,
+            shape: DailyShape::new(self.options.config),
+            history,
+        };
         let entry = match entries.entry(key) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let entry = e.into_mut();
+                if entry.service != service {
+                    *entry = fresh(History::Changed);
+                }
+                entry
+            }
             std::collections::hash_map::Entry::Vacant(e) => {
-                let history = self.start_rebuild(namespace, name);
-                e.insert(Entry {
-                    shape: DailyShape::new(self.options.config),
-                    history,
-                })
+                e.insert(fresh(self.start_rebuild(namespace, name, service)))
             }
         };
         entry.shape.observe(now, measured);
@@ -247,7 +265,7 @@ impl Forecasts {
     }
 
     /// Spawns the rebuild of a new shape when a Prometheus is configured; its history's origin.
-    fn start_rebuild(&self, namespace: &str, name: &str) -> History {
+    fn start_rebuild(&self, namespace: &str, name: &str, service: u64) -> History {
         let Some(address) = self.options.prometheus.clone() else {
             return History::Live;
         };
@@ -267,8 +285,8 @@ impl Forecasts {
             };
             metrics.rebuild(read.is_ok());
             let mut entries = entries.lock().unwrap_or_else(|p| p.into_inner());
-            // Forgotten meanwhile: nothing to fill.
-            let Some(entry) = entries.get_mut(&key) else {
+            // Forgotten, or changed to another service, meanwhile: nothing to fill.
+            let Some(entry) = entries.get_mut(&key).filter(|e| e.service == service) else {
                 return;
             };
             match read {
@@ -383,16 +401,20 @@ mod tests {
             CancellationToken::new(),
         );
         let lead = Duration::from_secs(180);
-        let (reported, view) = forecasts.apply("ns", "so", lead, 4.0);
+        let (reported, view) = forecasts.apply("ns", "so", 1, lead, 4.0);
         assert_eq!(reported, 4.0);
         assert!(!view.decided && view.expected.is_none());
         assert_eq!(view.history, History::Live.to_string());
         // A day later at the same time, demand is lower: the forecast answers yesterday's.
         *at.lock().unwrap_or_else(|p| p.into_inner()) = t0 + jiff::SignedDuration::from_hours(24);
-        let (reported, view) = forecasts.apply("ns", "so", lead, 1.0);
+        let (reported, view) = forecasts.apply("ns", "so", 1, lead, 1.0);
         assert_eq!((reported, view.decided, view.days_learned), (4.0, true, 2));
         assert_eq!(view.measured, Some(1.0));
         assert_eq!(forecasts.unavailable("ns", "so", lead).days_learned, 2);
+        // The trigger now reads another service: yesterday's shape is not its shape.
+        let (reported, view) = forecasts.apply("ns", "so", 2, lead, 1.0);
+        assert_eq!((reported, view.decided, view.days_learned), (1.0, false, 1));
+        assert_eq!(view.history, History::Changed.to_string());
         forecasts.forget("ns", "so");
         assert!(forecasts.is_empty());
     }

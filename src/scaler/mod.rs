@@ -363,9 +363,13 @@ impl Scaler {
                 return Err(e);
             }
         };
-        let (reported, view) =
-            self.forecasts
-                .apply(namespace, name, forecast.lead, measured.replicas);
+        let (reported, view) = self.forecasts.apply(
+            namespace,
+            name,
+            config.service(),
+            forecast.lead,
+            measured.replicas,
+        );
         let decided = view.decided;
         explanation.forecast = Some(view);
         if !decided {
@@ -492,7 +496,7 @@ impl Scaler {
         let (learned, mut view) = self.capacities.learn(
             &explanation.namespace,
             &explanation.name,
-            capacities::service_of(config),
+            config.service(),
             learning.utilization,
             (
                 totals.pods,

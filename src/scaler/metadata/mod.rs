@@ -8,7 +8,11 @@
 
 pub mod keys;
 
-use std::{collections::HashMap, time::Duration};
+use std::{
+    collections::HashMap,
+    hash::{DefaultHasher, Hash, Hasher},
+    time::Duration,
+};
 
 use keys::SourceKind;
 
@@ -96,6 +100,31 @@ pub struct TriggerConfig {
     /// Token targets learned from the service's own metrics, when `capacity: learned` (the
     /// default of a trigger without targets and `query`).
     pub capacity: Option<LearnedCapacity>,
+}
+
+impl TriggerConfig {
+    /// Which service the trigger reads, as a fingerprint: its model selection, its label
+    /// matchers and, for a Service's pods, that Service. What the scaler learns of a service
+    /// (its capacity, its daily shape) depends on the model and the traffic behind these, not on
+    /// where the metrics are read: a new Prometheus address or a longer static list of pods is
+    /// the same service, another model or Service is not.
+    pub fn service(&self) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        self.selection.hash(&mut hasher);
+        match &self.source {
+            Source::Prometheus { labels, .. } => labels.matchers.hash(&mut hasher),
+            Source::Scrape(target) => {
+                target.matchers.hash(&mut hasher);
+                if let Pods::Service {
+                    namespace, name, ..
+                } = &target.pods
+                {
+                    (namespace, name).hash(&mut hasher);
+                }
+            }
+        }
+        hasher.finish()
+    }
 }
 
 /// A trigger's learned capacity: its token-rate targets are `utilization ×` the per-replica
@@ -693,6 +722,20 @@ mod tests {
 
     fn ok(pairs: &[(&str, &str)]) -> TriggerConfig {
         parse(&meta(pairs), "team-a").expect("valid metadata")
+    }
+
+    #[test]
+    fn the_service_is_the_model_and_service_read_not_the_address() {
+        let prometheus = |address: &str, model: &str| {
+            ok(&[("serverAddress", address), ("model", model)]).service()
+        };
+        let p = prometheus("http://prometheus:9090", "llama");
+        assert_eq!(p, prometheus("http://thanos:9090", "llama"));
+        assert_ne!(p, prometheus("http://prometheus:9090", "mistral"));
+        let pods = |endpoints: &str| ok(&[("endpoints", endpoints), ("model", "llama")]).service();
+        assert_eq!(pods("10.0.0.1:8000"), pods("10.0.0.1:8000,10.0.0.2:8000"));
+        let service = |name: &str| ok(&[("service", name), ("model", "llama")]).service();
+        assert_ne!(service("vllm-a"), service("vllm-b"));
     }
 
     fn err(pairs: &[(&str, &str)]) -> String {
