@@ -367,8 +367,8 @@ struct RequestIn<'a> {
 struct KindIn<'a> {
     #[serde(borrow)]
     group: Cow<'a, str>,
-    #[serde(borrow, rename = "version")]
-    _version: Cow<'a, str>,
+    #[serde(borrow)]
+    version: Cow<'a, str>,
     #[serde(borrow)]
     kind: Cow<'a, str>,
 }
@@ -381,17 +381,14 @@ impl ReviewIn<'_> {
             .and_then(ReviewIn::into_pod_review)
     }
 
-    /// The pod review, when this is one the fast path answers: an `admission.k8s.io/v1` review
-    /// of a core/v1 Pod with a uid. `None` sends the body to the full parse, which says what is
-    /// wrong.
+    /// The pod review, when this is one the fast path answers: one that passes the full
+    /// parse's checks ([`check_types`], [`check_request`]). `None` sends the body to the full
+    /// parse, which says what is wrong.
     fn into_pod_review(self) -> Option<PodReview> {
-        if self.api_version != META_API_VERSION_V1 || self.kind != META_KIND {
-            return None;
-        }
+        check_types(&self.api_version, &self.kind).ok()?;
         let request = self.request?;
-        if request.uid.is_empty() || !request.kind.group.is_empty() || request.kind.kind != "Pod" {
-            return None;
-        }
+        let kind = &request.kind;
+        check_request(&request.uid, &kind.group, &kind.version, &kind.kind).ok()?;
         Some(PodReview {
             uid: request.uid.into_owned(),
             operation: request.operation,
@@ -422,51 +419,63 @@ pub fn parse(body: &[u8]) -> Result<PodReview, ReviewError> {
     }
     let typed_error = match serde_json::from_str::<AdmissionReview<AdmittedPod>>(body) {
         Ok(review) => {
-            check_types(&review.types)?;
+            check_types(&review.types.api_version, &review.types.kind)?;
             let request: AdmissionRequest<AdmittedPod> =
                 review.try_into().map_err(|_| ReviewError::MissingRequest)?;
-            check_request(&request.uid, &request.kind)?;
+            check_kube_request(&request)?;
             return Ok(request.into());
         }
         Err(e) => e,
     };
     let loose: AdmissionReview<DynamicObject> =
         serde_json::from_str(body).map_err(|e| ReviewError::NotAReview(e.to_string()))?;
-    check_types(&loose.types)?;
+    check_types(&loose.types.api_version, &loose.types.kind)?;
     let request: AdmissionRequest<DynamicObject> =
         loose.try_into().map_err(|_| ReviewError::MissingRequest)?;
-    check_request(&request.uid, &request.kind)?;
+    check_kube_request(&request)?;
     Err(ReviewError::UnreadablePod {
         uid: request.uid,
         reason: typed_error.to_string(),
     })
 }
 
-fn check_types(types: &kube::core::TypeMeta) -> Result<(), ReviewError> {
-    if types.api_version != META_API_VERSION_V1 || types.kind != META_KIND {
+/// An `admission.k8s.io/v1` `AdmissionReview`, or what it is instead.
+fn check_types(api_version: &str, kind: &str) -> Result<(), ReviewError> {
+    if api_version != META_API_VERSION_V1 || kind != META_KIND {
         return Err(ReviewError::WrongType {
-            api_version: types.api_version.clone(),
-            kind: types.kind.clone(),
+            api_version: api_version.to_string(),
+            kind: kind.to_string(),
         });
     }
     Ok(())
 }
 
-fn check_request(uid: &str, kind: &kube::core::GroupVersionKind) -> Result<(), ReviewError> {
+/// A request with a uid, about a core/v1 Pod (`group`, `version`, `kind` of the request's
+/// object), or what is wrong with it.
+fn check_request(uid: &str, group: &str, version: &str, kind: &str) -> Result<(), ReviewError> {
     if uid.is_empty() {
         return Err(ReviewError::MissingUid);
     }
-    if !(kind.group.is_empty() && kind.kind == "Pod") {
+    if !(group.is_empty() && kind == "Pod") {
         return Err(ReviewError::NotAPod {
             uid: uid.to_string(),
-            kind: if kind.group.is_empty() {
-                format!("{}/{}", kind.version, kind.kind)
+            kind: if group.is_empty() {
+                format!("{version}/{kind}")
             } else {
-                format!("{}/{}/{}", kind.group, kind.version, kind.kind)
+                format!("{group}/{version}/{kind}")
             },
         });
     }
     Ok(())
+}
+
+/// [`check_request`] of a request as `kube` reads it.
+fn check_kube_request<K>(request: &AdmissionRequest<K>) -> Result<(), ReviewError>
+where
+    K: kube::core::Resource,
+{
+    let kind = &request.kind;
+    check_request(&request.uid, &kind.group, &kind.version, &kind.kind)
 }
 
 /// The answer as the API server reads it: an `AdmissionReview` whose `response.patch` is base64,
