@@ -8,8 +8,9 @@
 //! evaluated, or when its trigger stops learning) and what the explanation and the metrics show
 //! of them. Nothing is persisted: after a restart each service learns again from its next
 //! saturated readings, scaling on its queue meanwhile. A learner belongs to the service its
-//! trigger reads ([`super::metadata::TriggerConfig::service`]): when the trigger is changed to read another model or Service,
-//! the capacity learned of the old one is dropped and learning starts again.
+//! trigger reads ([`super::metadata::TriggerConfig::service`]): when the trigger is changed to
+//! read another model or Service, the capacity learned of the old one is dropped and learning
+//! starts again.
 
 use std::{
     collections::HashMap,
@@ -64,8 +65,8 @@ impl Capacities {
     }
 
     /// Feeds one successful evaluation's totals to the ScaledObject's learner for `service`
-    /// (`TriggerConfig::service` of its trigger; a learner of another service is replaced) and returns the
-    /// targets at `utilization` with what the explanation shows.
+    /// (`TriggerConfig::service` of its trigger; a learner of another service is replaced) and
+    /// returns the targets at `utilization` with what the explanation shows.
     pub fn learn(
         &self,
         namespace: &str,

@@ -888,18 +888,17 @@ impl Builder {
     }
 
     fn operation(&mut self, op: &str, path: &[&str], value: &(impl serde::Serialize + ?Sized)) {
-        let start = self.text.len();
         self.begin(op, path);
-        if let Err(e) = serde_json::to_writer(&mut self.text, value) {
+        match serde_json::to_writer(&mut self.text, value) {
+            Ok(()) => self.text.push(b'}'),
             // Only a map with keys that are not strings fails to serialise, and no value here
-            // has one; should it ever, the pod is refused (see `finish`), never marked in part.
-            self.text.truncate(start);
-            self.ops -= 1;
-            self.unwritable
-                .get_or_insert_with(|| format!("{op} /{}: {e}", path.join("/")));
-            return;
+            // has one; should it ever, the pod is refused (see `finish`) and the text, then
+            // never sent, needs no mending.
+            Err(e) => {
+                self.unwritable
+                    .get_or_insert_with(|| format!("{op} /{}: {e}", path.join("/")));
+            }
         }
-        self.text.push(b'}');
     }
 
     /// Writes `{"op":<op>,"path":<path>,"value":` and counts the operation.
