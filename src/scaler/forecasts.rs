@@ -11,17 +11,20 @@
 //!
 //! On the first evaluation of a forecast-enabled ScaledObject, when `--scaler-forecast-prometheus`
 //! is set, a task (off the request path, bounded by [`REBUILD_TIMEOUT`]) reads the last
-//! `days_kept` days of nightshift's own measured-demand gauge for exactly that namespace and name:
+//! `days_kept` days of nightshift's own measured-demand gauge for exactly that namespace and name,
+//! and the service the trigger reads now (`TriggerConfig::service`: what another model or
+//! Service measured before a change does not enter the shape):
 //!
 //! ```text
-//! max(max_over_time(nightshift_scaler_measured_demand_replicas{namespace="NS",scaled_object="NAME"}[300s]))
+//! max(max_over_time(nightshift_scaler_measured_demand_replicas{namespace="NS",scaled_object="NAME",service="SERVICE"}[300s]))
 //! ```
 //!
 //! with a step of one bucket (each point is the peak of the bucket that ends there; `max` across
-//! scaler replicas). Only the ScaledObject's own namespace and name enter the query, quoted; no
-//! author-supplied PromQL or address is used. A failed rebuild is logged, counted
-//! (`nightshift_scaler_forecast_rebuilds_total{outcome="failed"}`) and shown in the explanation;
-//! the shape then learns from live evaluations only. Evaluations never wait for it.
+//! scaler replicas). Only the ScaledObject's own namespace and name enter the query, quoted,
+//! beside the service's fingerprint (hex digits); no author-supplied PromQL or address is used.
+//! A failed rebuild is logged, counted (`nightshift_scaler_forecast_rebuilds_total{outcome="failed"}`)
+//! and shown in the explanation; the shape then learns from live evaluations only. Evaluations
+//! never wait for it.
 
 use std::{
     collections::HashMap,
@@ -33,7 +36,10 @@ use std::{
 use jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
 
-use super::{explain::ForecastView, metrics::MEASURED_DEMAND, metrics::ScalerMetrics};
+use super::{
+    explain::ForecastView,
+    metrics::{MEASURED_DEMAND, ScalerMetrics, service_label},
+};
 use crate::{
     admin::METRICS_PREFIX,
     forecast::{DailyShape, ForecastConfig, with_forecast},
@@ -280,7 +286,7 @@ impl Forecasts {
         let now = self.options.clock.now();
         runtime.spawn(async move {
             let read = tokio::select! {
-                read = read_history(&address, &key, config, now, timeout) => read,
+                read = read_history(&address, &key, service, config, now, timeout) => read,
                 () = shutdown.cancelled() => Err(RebuildError::ShuttingDown),
             };
             metrics.rebuild(read.is_ok());
@@ -312,13 +318,15 @@ fn seconds(t: Timestamp) -> f64 {
     t.as_millisecond() as f64 / 1000.0
 }
 
-/// The PromQL of a ScaledObject's measured demand, one point per bucket holding the bucket's peak
-/// (the latest `scaler_measured_demand_replicas` of every scaler replica, the highest).
-pub fn history_query(namespace: &str, name: &str, bucket_s: f64) -> String {
+/// The PromQL of a ScaledObject's measured demand of `service`, one point per bucket holding the
+/// bucket's peak (the latest `scaler_measured_demand_replicas` of every scaler replica, the
+/// highest).
+pub fn history_query(namespace: &str, name: &str, service: u64, bucket_s: f64) -> String {
     format!(
-        "max(max_over_time({METRICS_PREFIX}_{MEASURED_DEMAND}{{namespace=\"{}\",scaled_object=\"{}\"}}[{}s]))",
+        "max(max_over_time({METRICS_PREFIX}_{MEASURED_DEMAND}{{namespace=\"{}\",scaled_object=\"{}\",service=\"{}\"}}[{}s]))",
         quote(namespace),
         quote(name),
+        service_label(service),
         bucket_s.round().max(1.0)
     )
 }
@@ -342,13 +350,14 @@ fn quote(s: &str) -> String {
 async fn read_history(
     address: &str,
     (namespace, name): &Key,
+    service: u64,
     config: ForecastConfig,
     now: Timestamp,
     timeout: Duration,
 ) -> Result<Vec<(f64, f64)>, RebuildError> {
     let config = config.sanitized();
     let reader = HistoryReader::new(address, timeout)?;
-    let query = history_query(namespace, name, config.bucket_s);
+    let query = history_query(namespace, name, service, config.bucket_s);
     let step = config.bucket_s.round().max(1.0) as i64;
     // Each point at t covers (t - step, t]: aligned on buckets, the bucket that ends at t.
     let end = now.as_second().div_euclid(step) * step;
@@ -374,12 +383,12 @@ mod tests {
     #[test]
     fn the_history_query_names_only_the_scaled_object() {
         assert_eq!(
-            history_query("team-a", "llama", 300.0),
+            history_query("team-a", "llama", 0x1f, 300.0),
             "max(max_over_time(nightshift_scaler_measured_demand_replicas{namespace=\"team-a\",\
-             scaled_object=\"llama\"}[300s]))"
+             scaled_object=\"llama\",service=\"000000000000001f\"}[300s]))"
         );
         // Whatever a name holds stays inside its quoted label value.
-        let q = history_query("a\"} or vector(1) #", "b\\", 300.0);
+        let q = history_query("a\"} or vector(1) #", "b\\", u64::MAX, 300.0);
         assert!(q.contains("namespace=\"a\\\"} or vector(1) #\""), "{q}");
         assert!(q.contains("scaled_object=\"b\\\\\""), "{q}");
     }

@@ -3,7 +3,10 @@
 //! the forecast's rebuild after a restart reads the measured one), the forecast rebuilds, and the
 //! capacity per replica learned for the ScaledObjects with learned capacity.
 
-use std::sync::atomic::AtomicU64;
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, atomic::AtomicU64},
+};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -14,6 +17,12 @@ use prometheus_client::{
 /// The measured-demand gauge's name without the registry's prefix (`nightshift_`): the
 /// forecast's rebuild queries it by this name.
 pub const MEASURED_DEMAND: &str = "scaler_measured_demand_replicas";
+
+/// The measured-demand gauge's `service` label: the service the trigger reads
+/// ([`super::metadata::TriggerConfig::service`]) as 16 hex digits.
+pub fn service_label(service: u64) -> String {
+    format!("{service:016x}")
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RpcLabels {
@@ -62,6 +71,25 @@ struct ObjectLabels {
     scaled_object: String,
 }
 
+/// A ScaledObject's measured demand, by the service its trigger read: a forecast rebuilt after a
+/// restart reads only the demand of the service the trigger reads now.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MeasuredLabels {
+    namespace: String,
+    scaled_object: String,
+    service: String,
+}
+
+impl MeasuredLabels {
+    fn new(namespace: &str, name: &str, service: String) -> Self {
+        Self {
+            namespace: namespace.to_string(),
+            scaled_object: name.to_string(),
+            service,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CapacityLabels {
     namespace: String,
@@ -87,7 +115,10 @@ pub struct ScalerMetrics {
     requests: Family<RpcLabels, Counter>,
     duration: Family<RpcOnly, Histogram, fn() -> Histogram>,
     demand: Family<ObjectLabels, Gauge<f64, AtomicU64>>,
-    measured: Family<ObjectLabels, Gauge<f64, AtomicU64>>,
+    measured: Family<MeasuredLabels, Gauge<f64, AtomicU64>>,
+    /// The `service` label of each ScaledObject's measured-demand series, to drop the series of
+    /// the service read before when the trigger changes to another.
+    measured_services: Arc<Mutex<HashMap<(String, String), String>>>,
     pods: Family<ObjectLabels, Gauge>,
     rebuilds: Family<OutcomeLabels, Counter>,
     capacity: Family<CapacityLabels, Gauge<f64, AtomicU64>>,
@@ -101,6 +132,7 @@ impl Default for ScalerMetrics {
             duration: Family::new_with_constructor(rpc_histogram),
             demand: Family::default(),
             measured: Family::default(),
+            measured_services: Arc::default(),
             pods: Family::default(),
             rebuilds: Family::default(),
             capacity: Family::default(),
@@ -215,12 +247,14 @@ impl ScalerMetrics {
     }
 
     /// Records the demand last reported for a ScaledObject, the demand measured (the same unless
-    /// a forecast raised it), and the pods it was read from (`None` for a raw query, which reads
-    /// no pods).
+    /// a forecast raised it) of the `service` the trigger reads, and the pods it was read from
+    /// (`None` for a raw query, which reads no pods). A trigger changed to another service drops
+    /// the measured series of the one before.
     pub fn demand(
         &self,
         namespace: &str,
         name: &str,
+        service: u64,
         replicas: f64,
         measured: f64,
         pods: Option<usize>,
@@ -230,7 +264,21 @@ impl ScalerMetrics {
             scaled_object: name.to_string(),
         };
         self.demand.get_or_create(&labels).set(replicas);
-        self.measured.get_or_create(&labels).set(measured);
+        let service = service_label(service);
+        // Held until the series is set, so that two evaluations at once leave one series.
+        let mut services = self.services();
+        let key = (labels.namespace.clone(), labels.scaled_object.clone());
+        if let Some(before) = services
+            .insert(key, service.clone())
+            .filter(|b| *b != service)
+        {
+            self.measured
+                .remove(&MeasuredLabels::new(namespace, name, before));
+        }
+        self.measured
+            .get_or_create(&MeasuredLabels::new(namespace, name, service))
+            .set(measured);
+        drop(services);
         if let Some(pods) = pods {
             self.pods
                 .get_or_create(&labels)
@@ -246,9 +294,21 @@ impl ScalerMetrics {
             scaled_object: name.to_string(),
         };
         self.demand.remove(&labels);
-        self.measured.remove(&labels);
+        let mut services = self.services();
+        let key = (labels.namespace.clone(), labels.scaled_object.clone());
+        if let Some(service) = services.remove(&key) {
+            self.measured
+                .remove(&MeasuredLabels::new(namespace, name, service));
+        }
+        drop(services);
         self.pods.remove(&labels);
         self.forget_capacity(namespace, name);
+    }
+
+    fn services(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), String>> {
+        self.measured_services
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Counts one forecast rebuild from Prometheus, `ok` or not.
@@ -275,8 +335,8 @@ mod tests {
         let metrics = ScalerMetrics::default();
         let mut registry = Registry::with_prefix("nightshift");
         metrics.register(&mut registry);
-        metrics.demand("team-a", "deleted", 2.0, 1.0, Some(4));
-        metrics.demand("team-a", "kept", 3.0, 3.0, Some(2));
+        metrics.demand("team-a", "deleted", 7, 2.0, 1.0, Some(4));
+        metrics.demand("team-a", "kept", 7, 3.0, 3.0, Some(2));
         let learned = crate::capacity::Throughput {
             prompt: 900.0,
             generated: 300.0,
@@ -293,6 +353,26 @@ mod tests {
         );
         assert!(!text.contains("scaled_object=\"deleted\""), "{text}");
         assert!(text.contains("scaled_object=\"kept\""), "{text}");
+    }
+
+    #[test]
+    fn the_measured_demand_is_of_the_service_read_now() {
+        let metrics = ScalerMetrics::default();
+        let mut registry = Registry::with_prefix("nightshift");
+        metrics.register(&mut registry);
+        metrics.demand("team-a", "llama", 0xab, 2.0, 1.0, None);
+        metrics.demand("team-a", "llama", 0xab, 3.0, 1.5, None);
+        let old = "nightshift_scaler_measured_demand_replicas{namespace=\"team-a\",scaled_object=\"llama\",service=\"00000000000000ab\"}";
+        let text = exposition(&registry);
+        assert!(text.contains(&format!("{old} 1.5")), "{text}");
+        // The trigger reads another service: only that one's series is left.
+        metrics.demand("team-a", "llama", 0xcd, 4.0, 4.0, None);
+        let new = "nightshift_scaler_measured_demand_replicas{namespace=\"team-a\",scaled_object=\"llama\",service=\"00000000000000cd\"}";
+        let text = exposition(&registry);
+        assert!(text.contains(&format!("{new} 4.0")), "{text}");
+        assert!(!text.contains(old), "{text}");
+        metrics.forget("team-a", "llama");
+        assert!(!exposition(&registry).contains("measured_demand_replicas{"));
     }
 
     #[test]

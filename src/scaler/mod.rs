@@ -317,8 +317,14 @@ impl Scaler {
                     .as_ref()
                     .and_then(|f| f.measured)
                     .unwrap_or(ev.replicas);
-                self.metrics
-                    .demand(namespace, name, ev.replicas, measured, explanation.pods);
+                self.metrics.demand(
+                    namespace,
+                    name,
+                    config.service(),
+                    ev.replicas,
+                    measured,
+                    explanation.pods,
+                );
             }
             Err(e) => {
                 tracing::warn!(%namespace, scaled_object = %name, error = %e, "no demand reported");

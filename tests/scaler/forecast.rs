@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     emulator::Emulator,
-    harness::{NAMESPACE, ScalerUnderTest, eventually, get_metrics, scaled_object},
+    harness::{NAMESPACE, ScalerUnderTest, eventually, get_json, get_metrics, scaled_object},
 };
 
 const DAY: i64 = 86_400;
@@ -120,25 +120,6 @@ async fn range(
     ([(CONTENT_TYPE, "application/json")], body)
 }
 
-/// GETs `path` from a server of `router` over real HTTP, as JSON.
-async fn get_json(router: Router, path: &str) -> serde_json::Value {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, router).await;
-    });
-    let answer = reqwest::get(format!("http://{addr}{path}"))
-        .await
-        .expect("GET")
-        .json()
-        .await
-        .expect("JSON");
-    server.abort();
-    answer
-}
-
 #[tokio::test]
 async fn forecast_answers_the_learned_ramp_ahead_of_it_and_measured_demand_without() {
     let history = HistoryServer::start().await;
@@ -195,13 +176,29 @@ async fn forecast_answers_the_learned_ramp_ahead_of_it_and_measured_demand_witho
     let v = get_metrics(&mut c, &off).await.expect("metrics");
     assert_eq!(v.metric_value, 100, "{v:?}");
 
-    // The rebuild asked for exactly this ScaledObject's own measured demand, once.
+    // The rebuild asked, once, for exactly this ScaledObject's own measured demand, of the
+    // service its trigger reads: the series the scaler exports.
+    let text = s.metrics_text();
+    let exported = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!(
+                "nightshift_scaler_measured_demand_replicas{{namespace=\"{NAMESPACE}\",scaled_object=\"forecast-on\","
+            ))
+        })
+        .and_then(|rest| rest.split_once('}'))
+        .map(|(service, _)| service.to_string())
+        .unwrap_or_else(|| panic!("no measured demand of forecast-on in\n{text}"));
+    assert!(
+        exported.len() == "service=\"\"".len() + 16 && exported.starts_with("service=\""),
+        "{exported}"
+    );
     let queries = history.queries();
     assert_eq!(
         queries,
         vec![format!(
             "max(max_over_time(nightshift_scaler_measured_demand_replicas{{namespace=\"{NAMESPACE}\",\
-             scaled_object=\"forecast-on\"}}[300s]))"
+             scaled_object=\"forecast-on\",{exported}}}[300s]))"
         )]
     );
 
@@ -240,8 +237,11 @@ async fn forecast_answers_the_learned_ramp_ahead_of_it_and_measured_demand_witho
 
     // The measured demand is exported apart from the reported one (what a rebuild reads).
     let text = s.metrics_text();
+    let measured = format!(
+        "nightshift_scaler_measured_demand_replicas{{namespace=\"team-a\",scaled_object=\"forecast-on\",{exported}}} 1.0"
+    );
     for line in [
-        "nightshift_scaler_measured_demand_replicas{namespace=\"team-a\",scaled_object=\"forecast-on\"} 1.0",
+        measured.as_str(),
         "nightshift_scaler_demand_replicas{namespace=\"team-a\",scaled_object=\"forecast-on\"} 6.0",
         "nightshift_scaler_forecast_rebuilds_total{outcome=\"ok\"} 1",
     ] {

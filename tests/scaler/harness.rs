@@ -205,3 +205,22 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// GETs `path` from a server of `router` over real HTTP, as JSON.
+pub async fn get_json(router: axum::Router, path: &str) -> serde_json::Value {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    let answer = reqwest::get(format!("http://{addr}{path}"))
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("JSON");
+    server.abort();
+    answer
+}

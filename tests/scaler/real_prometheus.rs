@@ -1,6 +1,6 @@
 //! Against a real Prometheus server (Debian's `prometheus`, path in NIGHTSHIFT_PROMETHEUS_BIN or
 //! on PATH) started on a free loopback port with a generated configuration that scrapes the
-//! emulators every second.
+//! emulators, or a scaler's own metrics, every second.
 
 use std::{
     path::PathBuf,
@@ -10,9 +10,12 @@ use std::{
 
 use tonic::Code;
 
+use jiff::Timestamp;
+use nightshift::scaler::forecasts::{Clock, ForecastOptions};
+
 use crate::{
     emulator::Emulator,
-    harness::{ScalerUnderTest, eventually, get_metrics, scaled_object},
+    harness::{NAMESPACE, ScalerUnderTest, eventually, get_json, get_metrics, scaled_object},
 };
 
 /// A Prometheus child process, killed on drop.
@@ -30,11 +33,8 @@ impl Drop for Prometheus {
 }
 
 impl Prometheus {
+    /// Scraping vLLM pods: (address, pod name), in namespace team-a.
     fn start(bin: PathBuf, dir: PathBuf, targets: &[(&str, &str)]) -> Self {
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-            l.local_addr().expect("addr").port()
-        };
         let mut config = String::from(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: vllm\n    scrape_interval: 1s\n    scrape_timeout: 1s\n    static_configs:\n",
         );
@@ -43,6 +43,23 @@ impl Prometheus {
                 "      - targets: ['{target}']\n        labels: {{namespace: team-a, pod: {pod}}}\n"
             ));
         }
+        Self::with_config(bin, dir, &config)
+    }
+
+    /// Scraping nightshift's metrics at `target`, keeping its labels (`honor_labels`, as the
+    /// example ServiceMonitor's `honorLabels: true`).
+    fn scraping_nightshift(bin: PathBuf, dir: PathBuf, target: &str) -> Self {
+        let config = format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: nightshift\n    scrape_interval: 1s\n    scrape_timeout: 1s\n    honor_labels: true\n    static_configs:\n      - targets: ['{target}']\n"
+        );
+        Self::with_config(bin, dir, &config)
+    }
+
+    fn with_config(bin: PathBuf, dir: PathBuf, config: &str) -> Self {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr").port()
+        };
         std::fs::write(dir.join("prometheus.yml"), config).expect("write config");
         let mut p = Self {
             child: None,
@@ -214,4 +231,138 @@ async fn demand_follows_load_through_prometheus_and_errors_while_it_is_down() {
         value_is(575),
     )
     .await;
+}
+
+/// The forecast's rebuild after a restart, against a real Prometheus that scraped a scaler: the
+/// query the scaler writes is valid PromQL, selects the measured demand the scaler exported for
+/// this ScaledObject and the service its trigger reads, and nothing of another service.
+#[tokio::test]
+async fn a_forecast_rebuilds_from_what_prometheus_scraped_of_its_own_service() {
+    let Some(bin) = crate::prometheus_bin::prometheus_bin() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "prometheus binary not found: run `bash .ci/test`, which installs it"
+        );
+        eprintln!(
+            "SKIPPED: no prometheus binary (install Debian's `prometheus` or run bash .ci/test)"
+        );
+        return;
+    };
+    let llama = Emulator::start("llama", 1, false).await;
+    llama.set(0, |e| e.waiting = 10.0);
+    let mistral = Emulator::start("mistral", 1, false).await;
+    mistral.set(0, |e| e.waiting = 10.0);
+    let trigger = |pod: &Emulator, model: &str| {
+        scaled_object(
+            "forecast",
+            &[
+                ("endpoints", &pod.endpoint()),
+                ("model", model),
+                ("waitingTarget", "5"),
+                ("forecast", "daily"),
+            ],
+        )
+    };
+
+    // The scaler before the restart measures 2 replicas of llama and exports it on /metrics.
+    let before =
+        ScalerUnderTest::start_with_forecast(Duration::from_millis(50), ForecastOptions::default())
+            .await;
+    let mut c = before.client().await;
+    let v = get_metrics(&mut c, &trigger(&llama, "llama"))
+        .await
+        .expect("metrics");
+    assert_eq!(v.metric_value, 200, "{v:?}");
+    let registry = before.registry.clone();
+    let metrics = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let registry = registry.clone();
+            async move {
+                let mut text = String::new();
+                prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+                text
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let target = listener.local_addr().expect("addr").to_string();
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, metrics).await;
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prom = Prometheus::scraping_nightshift(bin, dir.path().to_path_buf(), &target);
+    prom.wait_ready().await;
+    let http = reqwest::Client::new();
+    let address = prom.address();
+    eventually(
+        Duration::from_secs(30),
+        "Prometheus to hold the measured demand",
+        || {
+            let (http, address) = (http.clone(), address.clone());
+            async move {
+                let answer: serde_json::Value = http
+                    .get(format!("{address}/api/v1/query"))
+                    .query(&[("query", "nightshift_scaler_measured_demand_replicas")])
+                    .send()
+                    .await
+                    .ok()?
+                    .json()
+                    .await
+                    .ok()?;
+                let found = answer["data"]["result"].as_array()?;
+                (found.len() == 1 && found[0]["value"][1] == "2").then_some(())
+            }
+        },
+    )
+    .await;
+    server.abort();
+    drop(before);
+
+    // After the restart: the first evaluation rebuilds from Prometheus. The clock reads one
+    // bucket ahead, so that the bucket holding the seconds just scraped is a whole one.
+    let rebuilt = |pod: &Emulator, model: &str| {
+        let (so, address) = (trigger(pod, model), address.clone());
+        async move {
+            let after = ScalerUnderTest::start_with_forecast(
+                Duration::from_millis(50),
+                ForecastOptions {
+                    prometheus: Some(address),
+                    clock: Clock::from_fn(|| {
+                        Timestamp::now() + jiff::SignedDuration::from_secs(300)
+                    }),
+                    ..ForecastOptions::default()
+                },
+            )
+            .await;
+            let c = after.client().await;
+            let routes = after.scaler.decisions().routes();
+            // Each evaluation's explanation says where the shape's history stands.
+            eventually(Duration::from_secs(30), "the rebuild", || {
+                let (routes, mut c, so) = (routes.clone(), c.clone(), so.clone());
+                async move {
+                    get_metrics(&mut c, &so).await.ok()?;
+                    let json =
+                        get_json(routes, &format!("/scaler/decisions/{NAMESPACE}/forecast")).await;
+                    let history = json["forecast"]["history"].as_str()?.to_string();
+                    (!history.starts_with("rebuilding")).then_some(history)
+                }
+            })
+            .await
+        }
+    };
+    let same = rebuilt(&llama, "llama").await;
+    assert!(
+        same.starts_with("rebuilt from Prometheus (")
+            && !same.starts_with("rebuilt from Prometheus (0 "),
+        "{same}"
+    );
+    // The same ScaledObject changed to another model: what Prometheus holds is llama's demand.
+    let other = rebuilt(&mistral, "mistral").await;
+    assert!(
+        other.starts_with("rebuilt from Prometheus (0 points)"),
+        "{other}"
+    );
 }

@@ -10,7 +10,7 @@ pub mod keys;
 
 use std::{
     collections::HashMap,
-    hash::{DefaultHasher, Hash, Hasher},
+    hash::{Hash, Hasher},
     time::Duration,
 };
 
@@ -108,8 +108,12 @@ impl TriggerConfig {
     /// (its capacity, its daily shape) depends on the model and the traffic behind these, not on
     /// where the metrics are read: a new Prometheus address or a longer static list of pods is
     /// the same service, another model or Service is not.
+    ///
+    /// FNV-1a of those fields, the same in every process and release built for the same
+    /// platform (std's default hasher may change between Rust releases): the measured demand is
+    /// exported with it, and a forecast's rebuild after a restart selects it.
     pub fn service(&self) -> u64 {
-        let mut hasher = DefaultHasher::new();
+        let mut hasher = fnv::FnvHasher::default();
         self.selection.hash(&mut hasher);
         match &self.source {
             Source::Prometheus { labels, .. } => labels.matchers.hash(&mut hasher),
@@ -736,6 +740,17 @@ mod tests {
         assert_eq!(pods("10.0.0.1:8000"), pods("10.0.0.1:8000,10.0.0.2:8000"));
         let service = |name: &str| ok(&[("service", name), ("model", "llama")]).service();
         assert_ne!(service("vllm-a"), service("vllm-b"));
+    }
+
+    #[test]
+    fn the_service_fingerprint_does_not_change_between_builds() {
+        // Exported as a label and selected by a forecast's rebuild after a restart, possibly by
+        // a newer nightshift: a change here loses every forecast's history at the upgrade.
+        let p = ok(&[
+            ("serverAddress", "http://prometheus:9090"),
+            ("model", "llama"),
+        ]);
+        assert_eq!(format!("{:016x}", p.service()), "b88dcfa634c87c73");
     }
 
     fn err(pairs: &[(&str, &str)]) -> String {
