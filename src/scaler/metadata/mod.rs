@@ -100,6 +100,9 @@ pub struct TriggerConfig {
     /// Token targets learned from the service's own metrics, when `capacity: learned` (the
     /// default of a trigger without targets and `query`).
     pub capacity: Option<LearnedCapacity>,
+    /// [`Self::service`], computed once when the metadata is read (a trigger is admitted once
+    /// and evaluated at every poll).
+    service: u64,
 }
 
 impl TriggerConfig {
@@ -113,6 +116,10 @@ impl TriggerConfig {
     /// platform (std's default hasher may change between Rust releases): the measured demand is
     /// exported with it, and a forecast's rebuild after a restart selects it.
     pub fn service(&self) -> u64 {
+        self.service
+    }
+
+    fn fingerprint(&self) -> u64 {
         let mut hasher = fnv::FnvHasher::default();
         self.selection.hash(&mut hasher);
         match &self.source {
@@ -178,17 +185,22 @@ pub fn parse(
     let demand = demand(&mut r);
     let forecast = forecast(&mut r);
     match source {
-        Some(source) if r.problems.is_empty() => Ok(TriggerConfig {
-            rate_window: common.rate_window,
-            selection: common.selection(&source),
-            source,
-            targets: demand.targets,
-            query: demand.query,
-            activation_threshold: demand.activation_threshold,
-            empty_result: demand.empty_result,
-            forecast,
-            capacity: demand.capacity,
-        }),
+        Some(source) if r.problems.is_empty() => {
+            let mut config = TriggerConfig {
+                rate_window: common.rate_window,
+                selection: common.selection(&source),
+                source,
+                targets: demand.targets,
+                query: demand.query,
+                activation_threshold: demand.activation_threshold,
+                empty_result: demand.empty_result,
+                forecast,
+                capacity: demand.capacity,
+                service: 0,
+            };
+            config.service = config.fingerprint();
+            Ok(config)
+        }
         _ => Err(r.into_error()),
     }
 }
