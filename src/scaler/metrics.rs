@@ -118,7 +118,7 @@ pub struct ScalerMetrics {
     measured: Family<MeasuredLabels, Gauge<f64, AtomicU64>>,
     /// The `service` label of each ScaledObject's measured-demand series, to drop the series of
     /// the service read before when the trigger changes to another.
-    measured_services: Arc<Mutex<HashMap<(String, String), String>>>,
+    measured_services: Arc<Mutex<HashMap<ObjectLabels, String>>>,
     pods: Family<ObjectLabels, Gauge>,
     rebuilds: Family<OutcomeLabels, Counter>,
     capacity: Family<CapacityLabels, Gauge<f64, AtomicU64>>,
@@ -265,15 +265,19 @@ impl ScalerMetrics {
         };
         self.demand.get_or_create(&labels).set(replicas);
         let service = service_label(service);
-        // Held until the series is set, so that two evaluations at once leave one series.
+        // Held until the series is set, so that two evaluations at once leave one series. The
+        // map's entry is written only when the service is new or changed, not at every call.
         let mut services = self.services();
-        let key = (labels.namespace.clone(), labels.scaled_object.clone());
-        if let Some(before) = services
-            .insert(key, service.clone())
-            .filter(|b| *b != service)
-        {
-            self.measured
-                .remove(&MeasuredLabels::new(namespace, name, before));
+        match services.get_mut(&labels) {
+            Some(read) if *read == service => {}
+            Some(read) => {
+                let before = std::mem::replace(read, service.clone());
+                self.measured
+                    .remove(&MeasuredLabels::new(namespace, name, before));
+            }
+            None => {
+                services.insert(labels.clone(), service.clone());
+            }
         }
         self.measured
             .get_or_create(&MeasuredLabels::new(namespace, name, service))
@@ -295,8 +299,7 @@ impl ScalerMetrics {
         };
         self.demand.remove(&labels);
         let mut services = self.services();
-        let key = (labels.namespace.clone(), labels.scaled_object.clone());
-        if let Some(service) = services.remove(&key) {
+        if let Some(service) = services.remove(&labels) {
             self.measured
                 .remove(&MeasuredLabels::new(namespace, name, service));
         }
@@ -305,7 +308,7 @@ impl ScalerMetrics {
         self.forget_capacity(namespace, name);
     }
 
-    fn services(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), String>> {
+    fn services(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectLabels, String>> {
         self.measured_services
             .lock()
             .unwrap_or_else(|p| p.into_inner())
