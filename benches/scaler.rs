@@ -32,7 +32,7 @@ mod stats;
 
 use pinning::Pinning;
 use scaler_load::{ScalerProcess, request, start_scaler};
-use stats::{env_or, percentile};
+use stats::{env_or, median, percentile};
 use std::{
     collections::HashMap,
     net::SocketAddr,
@@ -381,13 +381,4 @@ fn main() {
         .build()
         .expect("runtime");
     runtime.block_on(run(pinning));
-}
-
-/// The median of `values` (the lower middle one for an even count); zero for none.
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values
-        .get(values.len().saturating_sub(1) / 2)
-        .copied()
-        .unwrap_or(0.0)
 }

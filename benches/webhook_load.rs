@@ -3,19 +3,24 @@
 //! `cargo bench --bench webhook_load` starts two HTTPS servers in this process, each on a runtime
 //! of its own, on free loopback ports: the webhook (fixed cluster view, realistic 10 KB research
 //! pod) and the transport floor (the same server code, TLS configuration, HTTP stack and runtime,
-//! whose `/mutate` only reads the body and answers a fixed small JSON). The load generator runs in
+//! whose `/mutate` reads the body and answers the webhook's own answer to it, reviewed once
+//! beforehand: the same bytes each way, and no review). The load generator runs in
 //! a process of its own (this executable with `--generator`), pinned to cores apart from the
 //! servers' ([`pinning`]). Then:
 //! 1. a fixed rate (`NIGHTSHIFT_BENCH_RATE`, default 2000 reviews/s) over 100 keep-alive
-//!    connections for `NIGHTSHIFT_BENCH_SECS` (default 10) seconds, on the webhook and then on the
+//!    connections for `NIGHTSHIFT_BENCH_SECS` (default 10) seconds, on the webhook and on the
 //!    floor, each reported with p50/p90/p99/max, the server threads' CPU per request and how
 //!    often they ran out of work and slept (per request);
 //! 2. if `wrk` is installed, saturation of each with `wrk -c100 --latency` (pinned like the
-//!    generator) for the maximum sustained rate and the server's CPU per request there;
+//!    generator) for the maximum sustained rate and the server's CPU per request there, in
+//!    `NIGHTSHIFT_BENCH_SAT_PAIRS` (default 6) pairs of `NIGHTSHIFT_BENCH_SAT_SECS` (default 3)
+//!    seconds each;
 //! 3. the ratios of webhook to floor, measured in this one run.
 //!
-//! `NIGHTSHIFT_BENCH_ROUNDS` (default 1) repeats phase 1. Under `cargo test` (no `--bench`
-//! argument) it only checks that a few reviews succeed.
+//! `NIGHTSHIFT_BENCH_ROUNDS` (default 1) repeats phase 1. Rounds and pairs alternate which of
+//! the two goes first (webhook, floor; floor, webhook; …), so that a change in the machine's
+//! speed during the run meets both alike. Under `cargo test` (no `--bench` argument) it only
+//! checks that a few reviews succeed.
 
 /// The allocator the `nightshift` binary ships with (`src/main.rs`), so that the in-process
 /// server is measured as it runs.
@@ -34,7 +39,7 @@ mod pod;
 mod stats;
 
 use pinning::Pinning;
-use stats::{env_or, percentile};
+use stats::{env_or, median, percentile};
 use std::{
     path::{Path, PathBuf},
     process::Stdio,
@@ -46,7 +51,7 @@ use nightshift::webhook::{
     certs,
     cluster::FixedCluster,
     mutate::MutationPolicy,
-    review::{Metrics, Reviewer},
+    review::{Answer, Metrics, Reviewer},
     server,
 };
 use tokio_util::sync::CancellationToken;
@@ -85,9 +90,10 @@ fn main() {
         ),
         metrics: Metrics::default(),
     };
+    let body = serde_json::to_vec(&pod::admission_review(pod::realistic_pod())).expect("body");
+    let answer = canned_answer(&reviewer, &body);
     let router = server::router(reviewer, 3 << 20, nightshift::admin::Readiness::default());
     let webhook = Server::start(router, tls.clone(), pinning.server_cores);
-    let body = serde_json::to_vec(&pod::admission_review(pod::realistic_pod())).expect("body");
     let ca = dir.path().join(certs::CA_CERT);
     let body_file = dir.path().join("review.json");
     std::fs::write(&body_file, &body).expect("body file");
@@ -113,7 +119,7 @@ fn main() {
         return;
     }
 
-    let floor = Server::start(transport_floor_router(), tls, pinning.server_cores);
+    let floor = Server::start(transport_floor_router(answer), tls, pinning.server_cores);
     let rate: f64 = env_or("NIGHTSHIFT_BENCH_RATE", 2000.0);
     let secs: u64 = env_or("NIGHTSHIFT_BENCH_SECS", 10);
     let rounds: usize = env_or("NIGHTSHIFT_BENCH_ROUNDS", 1);
@@ -131,12 +137,12 @@ fn main() {
         pinning: &pinning,
     };
     let mut pairs = Vec::new();
-    for _ in 0..rounds {
-        let review = load.run(&webhook.url);
+    for round in 0..rounds {
+        let (review, floor_run) =
+            in_turn(round, || load.run(&webhook.url), || load.run(&floor.url));
         println!(
             "webhook, fixed {rate:.0}/s, {CONNECTIONS} keep-alive connections, {secs} s: {review}"
         );
-        let floor_run = load.run(&floor.url);
         println!("floor (same HTTPS server, no review), same load: {floor_run}");
         pairs.push((review, floor_run));
     }
@@ -152,12 +158,20 @@ fn main() {
                 ),
             )
             .expect("script");
-            let saturate = |url: &str| Saturation::run(&wrk, &script, url, secs, &pinning);
-            let review = saturate(&webhook.url);
-            println!("webhook, saturation (wrk, {CONNECTIONS} connections): {review}");
-            let floor_sat = saturate(&floor.url);
-            println!("floor, saturation (wrk, {CONNECTIONS} connections): {floor_sat}");
-            Some((review, floor_sat))
+            let sat_pairs: usize = env_or("NIGHTSHIFT_BENCH_SAT_PAIRS", 6);
+            let sat_secs: u64 = env_or("NIGHTSHIFT_BENCH_SAT_SECS", 3);
+            let saturate = |url: &str| Saturation::run(&wrk, &script, url, sat_secs, &pinning);
+            let mut runs = Vec::new();
+            for pair in 0..sat_pairs.max(1) {
+                let (review, floor_sat) =
+                    in_turn(pair, || saturate(&webhook.url), || saturate(&floor.url));
+                println!(
+                    "saturation, pair {} (wrk, {CONNECTIONS} connections, {sat_secs} s each): webhook {review}; floor {floor_sat}",
+                    pair + 1
+                );
+                runs.push((review, floor_sat));
+            }
+            Some(runs)
         }
         None => {
             println!("wrk not installed: skipping the saturation phase (apt-get install wrk)");
@@ -176,16 +190,37 @@ fn main() {
             review.cpu_per_request / floor_run.cpu_per_request.max(1e-9),
         );
     }
-    if let Some((review, floor_sat)) = saturation {
+    if let Some(runs) = saturation {
+        let shares: Vec<f64> = runs
+            .iter()
+            .map(|(review, floor_sat)| review.rate / floor_sat.rate.max(1e-9) * 100.0)
+            .collect();
+        let listed: Vec<String> = shares.iter().map(|s| format!("{s:.0} %")).collect();
+        let cpu = |pick: fn(&(Saturation, Saturation)) -> &Saturation| {
+            median(runs.iter().map(|r| pick(r).cpu_per_request * 1e6).collect())
+        };
         println!(
-            "ratio, saturation: {:.0}/s vs floor {:.0}/s = {:.0} % (target ≥ 50 %)",
-            review.rate,
-            floor_sat.rate,
-            review.rate / floor_sat.rate.max(1e-9) * 100.0
+            "ratio, saturation: median {:.0} % of the floor's rate (target ≥ 50 %), pairs {}; server CPU per request, medians: webhook {:.0} µs, floor {:.0} µs",
+            median(shares),
+            listed.join(", "),
+            cpu(|r| &r.0),
+            cpu(|r| &r.1),
         );
     }
     floor.stop();
     webhook.stop();
+}
+
+/// Runs `review` and `floor`, the review first in even turns and the floor first in odd ones,
+/// and returns their results in that order.
+fn in_turn<T>(turn: usize, review: impl FnOnce() -> T, floor: impl FnOnce() -> T) -> (T, T) {
+    if turn.is_multiple_of(2) {
+        let r = review();
+        (r, floor())
+    } else {
+        let f = floor();
+        (review(), f)
+    }
 }
 
 fn which(program: &str) -> Option<PathBuf> {
@@ -251,15 +286,33 @@ impl Server {
     }
 }
 
-/// An HTTPS endpoint doing no review: reads the body, answers a fixed small JSON.
-fn transport_floor_router() -> axum::Router {
+/// The webhook's answer to `body`, reviewed once in this process: what the floor answers.
+fn canned_answer(reviewer: &Reviewer, body: &[u8]) -> axum::body::Bytes {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    match runtime.block_on(reviewer.review(body)) {
+        Answer::Review(json) => json.into(),
+        Answer::BadRequest(message) => panic!("the bench's review is refused: {message}"),
+    }
+}
+
+/// An HTTPS endpoint doing no review: reads the body and answers `answer`, the webhook's own
+/// answer to the bench's review, so that both move the same bytes each way and differ only by
+/// the review (parse, decision, answer encoding).
+fn transport_floor_router(answer: axum::body::Bytes) -> axum::Router {
     axum::Router::new().route(
         "/mutate",
-        axum::routing::post(|body: axum::body::Bytes| async move {
-            (
-                [(axum::http::header::CONTENT_TYPE, "application/json")],
-                format!("{{\"received\":{}}}", body.len()),
-            )
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let answer = answer.clone();
+            async move {
+                // Read, as the review reads it, so that the body is not dropped unseen.
+                std::hint::black_box(&body);
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                    answer,
+                )
+            }
         }),
     )
 }

@@ -1,5 +1,5 @@
-//! Small helpers the load benchmarks share: overrides from the environment, and percentiles of
-//! sorted latencies.
+//! Small helpers the load benchmarks share: overrides from the environment, percentiles of
+//! sorted latencies, and medians of ratios.
 
 use std::time::Duration;
 
@@ -18,4 +18,14 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     }
     let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[idx.min(sorted.len() - 1)]
+}
+
+/// The median of `values` (the lower middle one for an even count); zero for none.
+#[allow(dead_code)] // not every benchmark that includes this file takes medians
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values
+        .get(values.len().saturating_sub(1) / 2)
+        .copied()
+        .unwrap_or(0.0)
 }
