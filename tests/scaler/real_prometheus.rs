@@ -125,25 +125,9 @@ impl Prometheus {
     }
 }
 
-/// The `prometheus` binary; without one a test is skipped (said on stderr), except in CI, which
-/// installs it.
-fn prometheus_or_skip() -> Option<PathBuf> {
-    let bin = crate::prometheus_bin::prometheus_bin();
-    if bin.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "prometheus binary not found: run `bash .ci/test`, which installs it"
-        );
-        eprintln!(
-            "SKIPPED: no prometheus binary (install Debian's `prometheus` or run bash .ci/test)"
-        );
-    }
-    bin
-}
-
 #[tokio::test]
 async fn demand_follows_load_through_prometheus_and_errors_while_it_is_down() {
-    let Some(bin) = prometheus_or_skip() else {
+    let Some(bin) = crate::prometheus_bin::prometheus_or_skip() else {
         return;
     };
     // Pod 0: new vLLM, two engines. Pod 1: old vLLM (gpu_cache_usage_perc), one engine.
@@ -247,7 +231,7 @@ async fn demand_follows_load_through_prometheus_and_errors_while_it_is_down() {
 /// this ScaledObject and the service its trigger reads, and nothing of another service.
 #[tokio::test]
 async fn a_forecast_rebuilds_from_what_prometheus_scraped_of_its_own_service() {
-    let Some(bin) = prometheus_or_skip() else {
+    let Some(bin) = crate::prometheus_bin::prometheus_or_skip() else {
         return;
     };
     let llama = Emulator::start("llama", 1, false).await;

@@ -12,3 +12,21 @@ pub fn prometheus_bin() -> Option<PathBuf> {
         .map(|d| d.join("prometheus"))
         .find(|p| p.is_file())
 }
+
+/// The `prometheus` binary for a test that needs one: `None`, with a note on stderr, where it is
+/// not installed, so that the test is skipped on a developer's machine; but in CI (`CI` set),
+/// where `.ci/test` installs it, a missing binary fails the test instead of skipping it.
+#[allow(dead_code)] // the end-to-end suite requires Prometheus outright
+pub fn prometheus_or_skip() -> Option<PathBuf> {
+    let bin = prometheus_bin();
+    if bin.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "prometheus binary not found: run `bash .ci/test`, which installs it"
+        );
+        eprintln!(
+            "SKIPPED: no prometheus binary (install Debian's `prometheus` or run bash .ci/test)"
+        );
+    }
+    bin
+}

@@ -138,8 +138,7 @@ fn empty_controller() -> Arc<Mutex<Controller>> {
 
 #[tokio::test]
 async fn the_history_is_rebuilt_from_nightshifts_metrics_in_a_real_prometheus() {
-    let Some(bin) = crate::prometheus_bin::prometheus_bin() else {
-        eprintln!("skipped: prometheus not installed (apt-get install prometheus)");
+    let Some(bin) = crate::prometheus_bin::prometheus_or_skip() else {
         return;
     };
     let promtool = bin.with_file_name("promtool");
