@@ -11,10 +11,11 @@
 //!    connections for `NIGHTSHIFT_BENCH_SECS` (default 10) seconds, on the webhook and on the
 //!    floor, each reported with p50/p90/p99/max, the server threads' CPU per request and how
 //!    often they ran out of work and slept (per request);
-//! 2. if `wrk` is installed, saturation of each with `wrk -c100 --latency` (pinned like the
-//!    generator) for the maximum sustained rate and the server's CPU per request there, in
-//!    `NIGHTSHIFT_BENCH_SAT_PAIRS` (default 6) pairs of `NIGHTSHIFT_BENCH_SAT_SECS` (default 3)
-//!    seconds each;
+//! 2. saturation of each, for the maximum sustained rate and the server's CPU per request there,
+//!    with each generator installed ([`Saturator`], pinned like the generator): `wrk -c100`
+//!    (HTTP/1.1, 100 connections) and `h2load -c1 -m100` (HTTP/2, 100 streams on one connection,
+//!    as the API server sends reviews), in `NIGHTSHIFT_BENCH_SAT_PAIRS` (default 6) pairs of
+//!    `NIGHTSHIFT_BENCH_SAT_SECS` (default 3) seconds each;
 //! 3. the ratios of webhook to floor, measured in this one run.
 //!
 //! `NIGHTSHIFT_BENCH_ROUNDS` (default 1) repeats phase 1. Rounds and pairs alternate which of
@@ -147,37 +148,25 @@ fn main() {
         pairs.push((review, floor_run));
     }
 
-    let saturation = match which("wrk") {
-        Some(wrk) => {
-            let script = dir.path().join("review.lua");
-            let body_str = String::from_utf8(body.clone()).expect("utf8");
-            std::fs::write(
-                &script,
-                format!(
-                    "wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.body = [==[{body_str}]==]\n"
-                ),
-            )
-            .expect("script");
-            let sat_pairs: usize = env_or("NIGHTSHIFT_BENCH_SAT_PAIRS", 6);
-            let sat_secs: u64 = env_or("NIGHTSHIFT_BENCH_SAT_SECS", 3);
-            let saturate = |url: &str| Saturation::run(&wrk, &script, url, sat_secs, &pinning);
-            let mut runs = Vec::new();
-            for pair in 0..sat_pairs.max(1) {
-                let (review, floor_sat) =
-                    in_turn(pair, || saturate(&webhook.url), || saturate(&floor.url));
-                println!(
-                    "saturation, pair {} (wrk, {CONNECTIONS} connections, {sat_secs} s each): webhook {review}; floor {floor_sat}",
-                    pair + 1
-                );
-                runs.push((review, floor_sat));
-            }
-            Some(runs)
+    let saturators = Saturator::installed(dir.path(), &body, &body_file);
+    let sat_pairs: usize = env_or("NIGHTSHIFT_BENCH_SAT_PAIRS", 6);
+    let sat_secs: u64 = env_or("NIGHTSHIFT_BENCH_SAT_SECS", 3);
+    let mut saturation = Vec::new();
+    for saturator in &saturators {
+        let saturate = |url: &str| Saturation::run(saturator, url, sat_secs, &pinning);
+        let mut runs = Vec::new();
+        for pair in 0..sat_pairs.max(1) {
+            let (review, floor_sat) =
+                in_turn(pair, || saturate(&webhook.url), || saturate(&floor.url));
+            println!(
+                "saturation, pair {} ({}, {sat_secs} s each): webhook {review}; floor {floor_sat}",
+                pair + 1,
+                saturator.shape(),
+            );
+            runs.push((review, floor_sat));
         }
-        None => {
-            println!("wrk not installed: skipping the saturation phase (apt-get install wrk)");
-            None
-        }
-    };
+        saturation.push((saturator.shape(), runs));
+    }
 
     for (i, (review, floor_run)) in pairs.iter().enumerate() {
         println!(
@@ -190,7 +179,7 @@ fn main() {
             review.cpu_per_request / floor_run.cpu_per_request.max(1e-9),
         );
     }
-    if let Some(runs) = saturation {
+    for (shape, runs) in saturation {
         let shares: Vec<f64> = runs
             .iter()
             .map(|(review, floor_sat)| review.rate / floor_sat.rate.max(1e-9) * 100.0)
@@ -200,7 +189,7 @@ fn main() {
             median(runs.iter().map(|r| pick(r).cpu_per_request * 1e6).collect())
         };
         println!(
-            "ratio, saturation: median {:.0} % of the floor's rate (target ≥ 50 %), pairs {}; server CPU per request, medians: webhook {:.0} µs, floor {:.0} µs",
+            "ratio, saturation ({shape}): median {:.0} % of the floor's rate (target ≥ 50 %), pairs {}; server CPU per request, medians: webhook {:.0} µs, floor {:.0} µs",
             median(shares),
             listed.join(", "),
             cpu(|r| &r.0),
@@ -528,11 +517,140 @@ fn generator(args: &[String]) {
     });
 }
 
-/// What `wrk` measured at saturation, with the server's CPU over the same interval.
+/// A load generator that keeps 100 requests in flight, each sent again as soon as it is answered.
+enum Saturator {
+    /// `wrk`: HTTP/1.1 over `CONNECTIONS` keep-alive connections, one request in flight on each.
+    Wrk { bin: PathBuf, script: PathBuf },
+    /// `h2load` (nghttp2): HTTP/2, `CONNECTIONS` concurrent streams on one connection, as one API
+    /// server sends a webhook its reviews (the webhook allows 100 streams per connection).
+    H2load { bin: PathBuf, body: PathBuf },
+}
+
+impl Saturator {
+    /// The generators installed, each set up to send `body` (also written at `body_file`).
+    fn installed(dir: &Path, body: &[u8], body_file: &Path) -> Vec<Self> {
+        let mut found = Vec::new();
+        match which("wrk") {
+            Some(bin) => {
+                let script = dir.join("review.lua");
+                let body = String::from_utf8_lossy(body);
+                std::fs::write(
+                    &script,
+                    format!(
+                        "wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.body = [==[{body}]==]\n"
+                    ),
+                )
+                .expect("script");
+                found.push(Self::Wrk { bin, script });
+            }
+            None => println!("wrk not installed: no HTTP/1.1 saturation (apt-get install wrk)"),
+        }
+        match which("h2load") {
+            Some(bin) => found.push(Self::H2load {
+                bin,
+                body: body_file.to_path_buf(),
+            }),
+            None => println!(
+                "h2load not installed: no HTTP/2 saturation (apt-get install nghttp2-client)"
+            ),
+        }
+        found
+    }
+
+    fn shape(&self) -> String {
+        match self {
+            Self::Wrk { .. } => format!("wrk, HTTP/1.1, {CONNECTIONS} connections"),
+            Self::H2load { .. } => format!("h2load, HTTP/2, {CONNECTIONS} streams on 1 connection"),
+        }
+    }
+
+    /// The command that loads `url` for `secs` seconds, pinned like the generator, with one
+    /// thread per generator core.
+    fn command(&self, url: &str, secs: u64, pinning: &Pinning) -> std::process::Command {
+        let threads = format!("-t{}", pinning.generator_cores.max(1));
+        match self {
+            Self::Wrk { bin, script } => {
+                let mut c = Pinning::command(pinning.generator.as_deref(), bin);
+                c.args([&threads, &format!("-c{CONNECTIONS}"), &format!("-d{secs}s")])
+                    .args(["--latency", "-s"])
+                    .arg(script)
+                    .arg(url);
+                c
+            }
+            Self::H2load { bin, body } => {
+                let mut c = Pinning::command(pinning.generator.as_deref(), bin);
+                // One thread: the one connection is served by one thread whatever `-t` says.
+                c.args([
+                    "-t1",
+                    "-c1",
+                    &format!("-m{CONNECTIONS}"),
+                    &format!("-D{secs}"),
+                ])
+                .args(["-H", "content-type: application/json", "-d"])
+                .arg(body)
+                .arg(url);
+                c
+            }
+        }
+    }
+
+    /// Requests answered, their rate, and a latency summary, from the generator's report.
+    fn read(&self, report: &str) -> (f64, f64, String) {
+        let line = |needle: &str| {
+            report
+                .lines()
+                .map(str::trim)
+                .find(|l| l.contains(needle))
+                .unwrap_or_default()
+        };
+        let number = |text: &str, before: &str| -> f64 {
+            text.split(before)
+                .next()
+                .and_then(|head| head.split([' ', ',']).rfind(|w| !w.is_empty()))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0.0)
+        };
+        match self {
+            Self::Wrk { .. } => {
+                let field = |prefix: &str| {
+                    report
+                        .lines()
+                        .map(str::trim)
+                        .find_map(|l| l.strip_prefix(prefix))
+                        .map(|v| v.trim().to_string())
+                        .unwrap_or_default()
+                };
+                // "N requests in 10.00s, ..." counts what the server answered.
+                let requests = number(line(" requests in "), " requests in ");
+                let rate = field("Requests/sec:").parse().unwrap_or(0.0);
+                let latency = format!("p50 {}, p99 {}", field("50%"), field("99%"));
+                (requests, rate, latency)
+            }
+            Self::H2load { .. } => {
+                // "requests: N total, N started, N done, N succeeded, N failed, ..."
+                let counts = line("requests:");
+                let requests = number(counts, " succeeded");
+                let failed = number(counts, " failed");
+                let rate = number(line("req/s"), " req/s");
+                // "time for request:  min  max  mean  sd  +/- sd"
+                let times: Vec<&str> = line("time for request:")
+                    .trim_start_matches("time for request:")
+                    .split_whitespace()
+                    .collect();
+                let latency = match times[..] {
+                    [_, max, mean, ..] => format!("mean {mean}, max {max}, {failed} failed"),
+                    _ => format!("{failed} failed"),
+                };
+                (requests, rate, latency)
+            }
+        }
+    }
+}
+
+/// What a saturating generator measured, with the server's CPU over the same interval.
 struct Saturation {
     rate: f64,
-    p50: String,
-    p99: String,
+    latency: String,
     cpu_per_request: f64,
     cpu_share: f64,
     sleeps_per_request: f64,
@@ -542,10 +660,9 @@ impl std::fmt::Display for Saturation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{:.0} requests/s, p50 {}, p99 {}; server threads {:.0} % of one core ({:.0} µs CPU and {:.3} sleeps per request)",
+            "{:.0} requests/s, {}; server threads {:.0} % of one core ({:.0} µs CPU and {:.3} sleeps per request)",
             self.rate,
-            self.p50,
-            self.p99,
+            self.latency,
             self.cpu_share * 100.0,
             self.cpu_per_request * 1e6,
             self.sleeps_per_request,
@@ -554,44 +671,20 @@ impl std::fmt::Display for Saturation {
 }
 
 impl Saturation {
-    /// `wrk` with one thread per generator core and `CONNECTIONS` connections on `url`.
-    fn run(wrk: &Path, script: &Path, url: &str, secs: u64, pinning: &Pinning) -> Self {
+    /// `saturator` on `url` for `secs` seconds.
+    fn run(saturator: &Saturator, url: &str, secs: u64, pinning: &Pinning) -> Self {
         let before = ServerUsage::now();
         let started = Instant::now();
-        let out = Pinning::command(pinning.generator.as_deref(), wrk)
-            .args([
-                &format!("-t{}", pinning.generator_cores.max(1)),
-                &format!("-c{CONNECTIONS}"),
-                &format!("-d{secs}s"),
-                "--latency",
-                "-s",
-            ])
-            .arg(script)
-            .arg(url)
+        let out = saturator
+            .command(url, secs, pinning)
             .output()
-            .expect("run wrk");
+            .expect("run the load generator");
         let elapsed = started.elapsed().as_secs_f64();
         let used = ServerUsage::now().since(before);
-        let text = String::from_utf8_lossy(&out.stdout);
-        let field = |prefix: &str| {
-            text.lines()
-                .map(str::trim)
-                .find_map(|l| l.strip_prefix(prefix))
-                .map(|v| v.trim().to_string())
-                .unwrap_or_default()
-        };
-        let rate: f64 = field("Requests/sec:").parse().unwrap_or(0.0);
-        // "N requests in 10.00s, ..." counts what the server answered.
-        let requests: f64 = text
-            .lines()
-            .find(|l| l.contains(" requests in "))
-            .and_then(|l| l.split_whitespace().next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0.0);
+        let (requests, rate, latency) = saturator.read(&String::from_utf8_lossy(&out.stdout));
         Self {
             rate,
-            p50: field("50%"),
-            p99: field("99%"),
+            latency,
             cpu_per_request: used.cpu / requests.max(1.0),
             cpu_share: used.cpu / elapsed,
             sleeps_per_request: used.sleeps as f64 / requests.max(1.0),
