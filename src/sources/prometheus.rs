@@ -242,8 +242,7 @@ pub(crate) fn build_client(server: &Server) -> Result<Client, SourceError> {
 
 /// Standard base64 (RFC 4648) for HTTP basic credentials.
 fn base64_encode(input: &[u8]) -> String {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.encode(input)
+    base64_simd::STANDARD.encode_to_string(input)
 }
 
 async fn run_query(

@@ -549,10 +549,9 @@ const ANSWER_FRAME: usize = 512;
 
 /// `bytes` in base64 between double quotes, as a JSON string ready to be written.
 fn quoted_base64(bytes: &[u8]) -> Result<Box<serde_json::value::RawValue>, serde_json::Error> {
-    use base64::Engine as _;
-    let mut quoted = String::with_capacity(bytes.len().div_ceil(3) * 4 + 2);
+    let mut quoted = String::with_capacity(base64_simd::STANDARD.encoded_length(bytes.len()) + 2);
     quoted.push('"');
-    base64::engine::general_purpose::STANDARD.encode_string(bytes, &mut quoted);
+    base64_simd::STANDARD.encode_append(bytes, &mut quoted);
     quoted.push('"');
     serde_json::value::RawValue::from_string(quoted)
 }
