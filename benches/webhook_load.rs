@@ -149,24 +149,15 @@ fn main() {
     }
 
     let saturators = Saturator::installed(dir.path(), &body, &body_file);
-    let sat_pairs: usize = env_or("NIGHTSHIFT_BENCH_SAT_PAIRS", 6);
-    let sat_secs: u64 = env_or("NIGHTSHIFT_BENCH_SAT_SECS", 3);
-    let mut saturation = Vec::new();
-    for saturator in &saturators {
-        let saturate = |url: &str| Saturation::run(saturator, url, sat_secs, &pinning);
-        let mut runs = Vec::new();
-        for pair in 0..sat_pairs.max(1) {
-            let (review, floor_sat) =
-                in_turn(pair, || saturate(&webhook.url), || saturate(&floor.url));
-            println!(
-                "saturation, pair {} ({}, {sat_secs} s each): webhook {review}; floor {floor_sat}",
-                pair + 1,
-                saturator.shape(),
-            );
-            runs.push((review, floor_sat));
-        }
-        saturation.push((saturator.shape(), runs));
-    }
+    let saturation: Vec<_> = saturators
+        .iter()
+        .map(|s| {
+            (
+                s.shape(),
+                saturate_in_pairs(s, &webhook.url, &floor.url, &pinning),
+            )
+        })
+        .collect();
 
     for (i, (review, floor_run)) in pairs.iter().enumerate() {
         println!(
@@ -179,25 +170,55 @@ fn main() {
             review.cpu_per_request / floor_run.cpu_per_request.max(1e-9),
         );
     }
-    for (shape, runs) in saturation {
-        let shares: Vec<f64> = runs
-            .iter()
-            .map(|(review, floor_sat)| review.rate / floor_sat.rate.max(1e-9) * 100.0)
-            .collect();
-        let listed: Vec<String> = shares.iter().map(|s| format!("{s:.0} %")).collect();
-        let cpu = |pick: fn(&(Saturation, Saturation)) -> &Saturation| {
-            median(runs.iter().map(|r| pick(r).cpu_per_request * 1e6).collect())
-        };
-        println!(
-            "ratio, saturation ({shape}): median {:.0} % of the floor's rate (target ≥ 50 %), pairs {}; server CPU per request, medians: webhook {:.0} µs, floor {:.0} µs",
-            median(shares),
-            listed.join(", "),
-            cpu(|r| &r.0),
-            cpu(|r| &r.1),
-        );
+    for (shape, runs) in &saturation {
+        report_saturation(shape, runs);
     }
     floor.stop();
     webhook.stop();
+}
+
+/// Saturates the webhook and the floor with `saturator` in `NIGHTSHIFT_BENCH_SAT_PAIRS` pairs of
+/// `NIGHTSHIFT_BENCH_SAT_SECS` seconds each, alternating which goes first, and prints each pair.
+fn saturate_in_pairs(
+    saturator: &Saturator,
+    webhook: &str,
+    floor: &str,
+    pinning: &Pinning,
+) -> Vec<(Saturation, Saturation)> {
+    let pairs: usize = env_or("NIGHTSHIFT_BENCH_SAT_PAIRS", 6);
+    let secs: u64 = env_or("NIGHTSHIFT_BENCH_SAT_SECS", 3);
+    let saturate = |url: &str| Saturation::run(saturator, url, secs, pinning);
+    (0..pairs.max(1))
+        .map(|pair| {
+            let (review, floor_sat) = in_turn(pair, || saturate(webhook), || saturate(floor));
+            println!(
+                "saturation, pair {} ({}, {secs} s each): webhook {review}; floor {floor_sat}",
+                pair + 1,
+                saturator.shape(),
+            );
+            (review, floor_sat)
+        })
+        .collect()
+}
+
+/// The median share of the floor's rate over the pairs, each pair's share, and the medians of
+/// the CPU per request of each side.
+fn report_saturation(shape: &str, runs: &[(Saturation, Saturation)]) {
+    let shares: Vec<f64> = runs
+        .iter()
+        .map(|(review, floor_sat)| review.rate / floor_sat.rate.max(1e-9) * 100.0)
+        .collect();
+    let listed: Vec<String> = shares.iter().map(|s| format!("{s:.0} %")).collect();
+    let cpu = |pick: fn(&(Saturation, Saturation)) -> &Saturation| {
+        median(runs.iter().map(|r| pick(r).cpu_per_request * 1e6).collect())
+    };
+    println!(
+        "ratio, saturation ({shape}): median {:.0} % of the floor's rate (target ≥ 50 %), pairs {}; server CPU per request, medians: webhook {:.0} µs, floor {:.0} µs",
+        median(shares),
+        listed.join(", "),
+        cpu(|r| &r.0),
+        cpu(|r| &r.1),
+    );
 }
 
 /// Runs `review` and `floor`, the review first in even turns and the floor first in odd ones,
