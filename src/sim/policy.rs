@@ -105,6 +105,8 @@ pub struct Hpa {
     /// Recent changes of the replica count it made (added positive, removed negative), for the
     /// policies' periods.
     events: VecDeque<(f64, i64)>,
+    /// The longest period of any policy: how long a change is kept in `events`.
+    longest_period_s: f64,
 }
 
 /// Which way a rate limit applies.
@@ -116,10 +118,17 @@ enum Direction {
 
 impl Hpa {
     pub fn new(cfg: AutoscalingConfig) -> Hpa {
+        let longest_period_s = cfg
+            .scale_up_policies
+            .iter()
+            .chain(&cfg.scale_down_policies)
+            .map(|p| p.period_s)
+            .fold(0.0, f64::max);
         Hpa {
             cfg,
             history: VecDeque::new(),
             events: VecDeque::new(),
+            longest_period_s,
         }
     }
 
@@ -225,12 +234,7 @@ impl Hpa {
             self.events
                 .push_back((now, i64::from(desired) - i64::from(current)));
         }
-        let longest = c
-            .scale_up_policies
-            .iter()
-            .chain(&c.scale_down_policies)
-            .map(|p| p.period_s)
-            .fold(0.0, f64::max);
+        let longest = self.longest_period_s;
         while self
             .events
             .front()
