@@ -118,24 +118,25 @@ impl TriggerConfig {
     pub fn service(&self) -> u64 {
         self.service
     }
+}
 
-    fn fingerprint(&self) -> u64 {
-        let mut hasher = fnv::FnvHasher::default();
-        self.selection.hash(&mut hasher);
-        match &self.source {
-            Source::Prometheus { labels, .. } => labels.matchers.hash(&mut hasher),
-            Source::Scrape(target) => {
-                target.matchers.hash(&mut hasher);
-                if let Pods::Service {
-                    namespace, name, ..
-                } = &target.pods
-                {
-                    (namespace, name).hash(&mut hasher);
-                }
+/// [`TriggerConfig::service`] of a trigger with this model selection and source.
+fn fingerprint(selection: &Selection, source: &Source) -> u64 {
+    let mut hasher = fnv::FnvHasher::default();
+    selection.hash(&mut hasher);
+    match source {
+        Source::Prometheus { labels, .. } => labels.matchers.hash(&mut hasher),
+        Source::Scrape(target) => {
+            target.matchers.hash(&mut hasher);
+            if let Pods::Service {
+                namespace, name, ..
+            } = &target.pods
+            {
+                (namespace, name).hash(&mut hasher);
             }
         }
-        hasher.finish()
     }
+    hasher.finish()
 }
 
 /// A trigger's learned capacity: its token-rate targets are `utilization ×` the per-replica
@@ -186,9 +187,12 @@ pub fn parse(
     let forecast = forecast(&mut r);
     match source {
         Some(source) if r.problems.is_empty() => {
-            let mut config = TriggerConfig {
-                rate_window: common.rate_window,
-                selection: common.selection(&source),
+            let rate_window = common.rate_window;
+            let selection = common.selection(&source);
+            Ok(TriggerConfig {
+                rate_window,
+                service: fingerprint(&selection, &source),
+                selection,
                 source,
                 targets: demand.targets,
                 query: demand.query,
@@ -196,10 +200,7 @@ pub fn parse(
                 empty_result: demand.empty_result,
                 forecast,
                 capacity: demand.capacity,
-                service: 0,
-            };
-            config.service = config.fingerprint();
-            Ok(config)
+            })
         }
         _ => Err(r.into_error()),
     }
