@@ -81,11 +81,11 @@ struct MeasuredLabels {
 }
 
 impl MeasuredLabels {
-    fn new(namespace: &str, name: &str, service: String) -> Self {
+    fn new(namespace: &str, name: &str, service: u64) -> Self {
         Self {
             namespace: namespace.to_string(),
             scaled_object: name.to_string(),
-            service,
+            service: service_label(service),
         }
     }
 }
@@ -116,9 +116,9 @@ pub struct ScalerMetrics {
     duration: Family<RpcOnly, Histogram, fn() -> Histogram>,
     demand: Family<ObjectLabels, Gauge<f64, AtomicU64>>,
     measured: Family<MeasuredLabels, Gauge<f64, AtomicU64>>,
-    /// The `service` label of each ScaledObject's measured-demand series, to drop the series of
-    /// the service read before when the trigger changes to another.
-    measured_services: Arc<Mutex<HashMap<ObjectLabels, String>>>,
+    /// Each ScaledObject's measured-demand series: the service it is of and its labels, to set
+    /// it without building its labels again, and to drop it when the trigger changes service.
+    measured_series: Arc<Mutex<HashMap<ObjectLabels, (u64, MeasuredLabels)>>>,
     pods: Family<ObjectLabels, Gauge>,
     rebuilds: Family<OutcomeLabels, Counter>,
     capacity: Family<CapacityLabels, Gauge<f64, AtomicU64>>,
@@ -132,7 +132,7 @@ impl Default for ScalerMetrics {
             duration: Family::new_with_constructor(rpc_histogram),
             demand: Family::default(),
             measured: Family::default(),
-            measured_services: Arc::default(),
+            measured_series: Arc::default(),
             pods: Family::default(),
             rebuilds: Family::default(),
             capacity: Family::default(),
@@ -264,25 +264,25 @@ impl ScalerMetrics {
             scaled_object: name.to_string(),
         };
         self.demand.get_or_create(&labels).set(replicas);
-        let service = service_label(service);
         // Held until the series is set, so that two evaluations at once leave one series. The
-        // map's entry is written only when the service is new or changed, not at every call.
-        let mut services = self.services();
-        match services.get_mut(&labels) {
-            Some(read) if *read == service => {}
-            Some(read) => {
-                let before = std::mem::replace(read, service.clone());
-                self.measured
-                    .remove(&MeasuredLabels::new(namespace, name, before));
+        // series' labels are built only when the service is new or changed, not at every call.
+        let mut series = self.measured_series();
+        match series.get_mut(&labels) {
+            Some((read, series_labels)) => {
+                if *read != service {
+                    self.measured.remove(series_labels);
+                    *read = service;
+                    *series_labels = MeasuredLabels::new(namespace, name, service);
+                }
+                self.measured.get_or_create(series_labels).set(measured);
             }
             None => {
-                services.insert(labels.clone(), service.clone());
+                let series_labels = MeasuredLabels::new(namespace, name, service);
+                self.measured.get_or_create(&series_labels).set(measured);
+                series.insert(labels.clone(), (service, series_labels));
             }
         }
-        self.measured
-            .get_or_create(&MeasuredLabels::new(namespace, name, service))
-            .set(measured);
-        drop(services);
+        drop(series);
         if let Some(pods) = pods {
             self.pods
                 .get_or_create(&labels)
@@ -298,18 +298,19 @@ impl ScalerMetrics {
             scaled_object: name.to_string(),
         };
         self.demand.remove(&labels);
-        let mut services = self.services();
-        if let Some(service) = services.remove(&labels) {
-            self.measured
-                .remove(&MeasuredLabels::new(namespace, name, service));
+        let mut series = self.measured_series();
+        if let Some((_, series_labels)) = series.remove(&labels) {
+            self.measured.remove(&series_labels);
         }
-        drop(services);
+        drop(series);
         self.pods.remove(&labels);
         self.forget_capacity(namespace, name);
     }
 
-    fn services(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectLabels, String>> {
-        self.measured_services
+    fn measured_series(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<ObjectLabels, (u64, MeasuredLabels)>> {
+        self.measured_series
             .lock()
             .unwrap_or_else(|p| p.into_inner())
     }
