@@ -2,11 +2,11 @@
 //!
 //! `cargo bench --bench webhook_load` starts two HTTPS servers in this process, each on a runtime
 //! of its own, on free loopback ports: the webhook (fixed cluster view, realistic 10 KB research
-//! pod) and the transport floor (the same server code, TLS configuration, HTTP stack and runtime,
-//! whose `/mutate` reads the body and answers the webhook's own answer to it, reviewed once
-//! beforehand: the same bytes each way, and no review). The load generator runs in
-//! a process of its own (this executable with `--generator`), pinned to cores apart from the
-//! servers' ([`pinning`]). Then:
+//! pod, the binary's allocator and logging) and the transport floor (the same server code, TLS
+//! configuration, HTTP stack and runtime, whose `/mutate` reads the body and answers the
+//! webhook's own answer to it, reviewed once beforehand: the same bytes each way, and no
+//! review). The load generator runs in a process of its own (this executable with
+//! `--generator`), pinned to cores apart from the servers' ([`pinning`]). Then:
 //! 1. a fixed rate (`NIGHTSHIFT_BENCH_RATE`, default 2000 reviews/s) over 100 keep-alive
 //!    connections for `NIGHTSHIFT_BENCH_SECS` (default 10) seconds, on the webhook and on the
 //!    floor, each reported with p50/p90/p99/max, the server threads' CPU per request and how
@@ -79,6 +79,7 @@ fn main() {
     };
     // Before any thread starts: every thread of this process inherits the server's cores.
     Pinning::pin_self(pinning.server.as_deref());
+    shipped_logging();
     nightshift::install_crypto_provider();
     let dir = tempfile::tempdir().expect("tempdir");
     let (_, tls) = localhost_cert::generate(dir.path());
@@ -294,6 +295,22 @@ impl Server {
         let _ = self.runtime.block_on(self.task);
         self.runtime.shutdown_background();
     }
+}
+
+/// The binary's logging as it ships (`NIGHTSHIFT_LOG`, default `info`, to stderr), so that what
+/// a review logs is measured with it.
+fn shipped_logging() {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Logging {
+        #[command(flatten)]
+        log: nightshift::telemetry::LogArgs,
+    }
+    Logging::parse_from(["webhook_load"])
+        .log
+        .init()
+        .expect("logging");
 }
 
 /// The webhook's answer to `body`, reviewed once in this process: what the floor answers.

@@ -240,8 +240,13 @@ impl Reviewer {
                 } else {
                     Outcome::Skipped
                 };
+                // Per pod, at debug: a line per pod creation at the default `info` would be
+                // thousands of lines a second at a busy API server, and writing one to the log
+                // pipe costs a quarter to half of the review itself (docs/performance.md). The
+                // outcome is counted in the metrics, the pod carries the lent label, and the API
+                // server's audit log keeps each patch.
                 match selection {
-                    Classification::Research { gpu } => tracing::info!(
+                    Classification::Research { gpu } => tracing::debug!(
                         namespace,
                         pod = name,
                         gpu,
