@@ -13,9 +13,9 @@
 //!    often they ran out of work and slept (per request);
 //! 2. saturation of each, for the maximum sustained rate and the server's CPU per request there,
 //!    with each generator installed ([`Saturator`], pinned like the generator): `wrk -c100`
-//!    (HTTP/1.1, 100 connections) and `h2load -c1 -m100` (HTTP/2, 100 streams on one connection,
-//!    as the API server sends reviews), in `NIGHTSHIFT_BENCH_SAT_PAIRS` (default 6) pairs of
-//!    `NIGHTSHIFT_BENCH_SAT_SECS` (default 3) seconds each;
+//!    (HTTP/1.1, 100 connections, as the API server calls webhooks) and `h2load -c1 -m100`
+//!    (HTTP/2, 100 streams on one connection), in `NIGHTSHIFT_BENCH_SAT_PAIRS` (default 6) pairs
+//!    of `NIGHTSHIFT_BENCH_SAT_SECS` (default 3) seconds each;
 //! 3. the ratios of webhook to floor, measured in this one run.
 //!
 //! `NIGHTSHIFT_BENCH_ROUNDS` (default 1) repeats phase 1. Rounds and pairs alternate which of
@@ -557,10 +557,12 @@ fn generator(args: &[String]) {
 
 /// A load generator that keeps 100 requests in flight, each sent again as soon as it is answered.
 enum Saturator {
-    /// `wrk`: HTTP/1.1 over `CONNECTIONS` keep-alive connections, one request in flight on each.
+    /// `wrk`: HTTP/1.1 over `CONNECTIONS` keep-alive connections, one request in flight on each:
+    /// how the API server calls a webhook (it offers only HTTP/1.1, and opens a connection per
+    /// review in flight).
     Wrk { bin: PathBuf, script: PathBuf },
-    /// `h2load` (nghttp2): HTTP/2, `CONNECTIONS` concurrent streams on one connection, as one API
-    /// server sends a webhook its reviews (the webhook allows 100 streams per connection).
+    /// `h2load` (nghttp2): HTTP/2, `CONNECTIONS` concurrent streams on one connection, for the
+    /// clients that speak it (the webhook allows 100 streams per connection).
     H2load { bin: PathBuf, body: PathBuf },
 }
 

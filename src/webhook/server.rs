@@ -38,10 +38,12 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             accept: AcceptLimits {
-                // The API server keeps a few HTTP/2 connections per replica (one per webhook
-                // client, reused), the kubelet one per probe: 256 leaves room for several API
-                // server replicas and reconnect storms, and bounds memory and file descriptors
-                // against a flood (the port is open to all, see the NetworkPolicy).
+                // The API server calls webhooks over HTTP/1.1: one connection per review in
+                // flight, up to 25 kept idle per webhook host (client-go's pool), the kubelet
+                // one per probe. 256 leaves room for the concurrent reviews of several API
+                // server replicas and for reconnect storms, and bounds memory and file
+                // descriptors against a flood (the port is open to all, see the NetworkPolicy);
+                // a connection beyond it waits in the listen backlog, it is not refused.
                 max_connections: 256,
                 // A handshake costs a signature (~0.1-1 ms of CPU); 32 at once keeps a burst of
                 // new connections from starving reviews in flight on existing ones.
@@ -59,12 +61,13 @@ impl Default for Limits {
                 // gives up after timeoutSeconds (5 s, at most 30 s). A request still reading its
                 // body after 10 s is a slow client holding a task.
                 request: Duration::from_secs(10),
-                // The API server sends one review per pod creation; 100 streams per connection
-                // (Go's own default) is above what one connection carries at once.
+                // For HTTP/2 clients (the API server itself uses HTTP/1.1): 100 streams per
+                // connection, Go's own default, bounds what one connection holds at once.
                 max_streams: 100,
-                // A peer that vanished without closing (a node lost, a partition) is found
-                // within 50 s instead of holding a connection place and a task for ever; the
-                // API server answers pings at once, and one ping per 30 s costs nothing.
+                // An HTTP/2 peer that vanished without closing (a node lost, a partition) is
+                // found within 50 s instead of holding a connection place and a task for ever;
+                // a live client answers pings at once, and one ping per 30 s costs nothing. An
+                // idle HTTP/1.1 connection is closed by `header_read`.
                 keep_alive_interval: Duration::from_secs(30),
                 keep_alive_timeout: Duration::from_secs(20),
             },

@@ -8,7 +8,9 @@ use crate::tls::{self, ServerTls, Settings};
 /// The webhook's name in TLS logs and in the `server` label of the TLS metrics.
 pub const SERVER: &str = "webhook";
 
-/// The API server speaks HTTP/2; HTTP/1.1 stays offered for other clients (probes, curl).
+/// The API server calls admission webhooks over HTTP/1.1 (it offers only `http/1.1`, so that
+/// concurrent reviews open connections of their own and spread over the Service's endpoints);
+/// HTTP/2 is offered to the clients that prefer it (probes, curl, other callers).
 const ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
 
 /// Loads the serving certificate and key into the webhook's TLS configuration.
