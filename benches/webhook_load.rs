@@ -93,7 +93,14 @@ fn main() {
         metrics: Metrics::default(),
     };
     let body = serde_json::to_vec(&pod::admission_review(pod::realistic_pod())).expect("body");
-    let answer = canned_answer(&reviewer, &body);
+    // Reviewed by a copy with metrics of its own, so that the webhook's counters start at zero.
+    let answer = canned_answer(
+        &Reviewer {
+            metrics: Metrics::default(),
+            ..reviewer.clone()
+        },
+        &body,
+    );
     let router = server::router(reviewer, 3 << 20, nightshift::admin::Readiness::default());
     let webhook = Server::start(router, tls.clone(), pinning.server_cores);
     let ca = dir.path().join(certs::CA_CERT);
