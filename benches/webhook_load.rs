@@ -18,6 +18,11 @@
 //!    of `NIGHTSHIFT_BENCH_SAT_SECS` (default 3) seconds each;
 //! 3. the ratios of webhook to floor, measured in this one run.
 //!
+//! Beside the webhook's CPU per request, each run reports the review's own mean time in the
+//! server, read from the webhook's `webhook_admission_duration_seconds` histogram before and
+//! after the run: what the review costs among the TLS, HTTP and kernel work around it, where
+//! `cargo bench --bench webhook` times it in a hot loop.
+//!
 //! `NIGHTSHIFT_BENCH_ROUNDS` (default 1) repeats phase 1. Rounds and pairs alternate which of
 //! the two goes first (webhook, floor; floor, webhook; …), so that a change in the machine's
 //! speed during the run meets both alike. Under `cargo test` (no `--bench` argument) it only
@@ -101,6 +106,9 @@ fn main() {
         },
         &body,
     );
+    let mut registry = prometheus_client::registry::Registry::default();
+    reviewer.metrics.register(&mut registry);
+    let _ = REVIEWS.set(registry);
     let router = server::router(reviewer, 3 << 20, nightshift::admin::Readiness::default());
     let webhook = Server::start(router, tls.clone(), pinning.server_cores);
     let ca = dir.path().join(certs::CA_CERT);
@@ -147,8 +155,10 @@ fn main() {
     };
     let mut pairs = Vec::new();
     for round in 0..rounds {
-        let (review, floor_run) =
+        let (review, mut floor_run) =
             in_turn(round, || load.run(&webhook.url), || load.run(&floor.url));
+        // As for saturation: the floor reviews nothing.
+        floor_run.review_mean = None;
         println!(
             "webhook, fixed {rate:.0}/s, {CONNECTIONS} keep-alive connections, {secs} s: {review}"
         );
@@ -198,7 +208,10 @@ fn saturate_in_pairs(
     let saturate = |url: &str| Saturation::run(saturator, url, secs, pinning);
     (0..pairs.max(1))
         .map(|pair| {
-            let (review, floor_sat) = in_turn(pair, || saturate(webhook), || saturate(floor));
+            let (review, mut floor_sat) = in_turn(pair, || saturate(webhook), || saturate(floor));
+            // The floor reviews nothing: reviews that end during its run are the webhook's last,
+            // answered after its generator stopped counting.
+            floor_sat.review_mean = None;
             println!(
                 "saturation, pair {} ({}, {secs} s each): webhook {review}; floor {floor_sat}",
                 pair + 1,
@@ -220,8 +233,14 @@ fn report_saturation(shape: &str, runs: &[(Saturation, Saturation)]) {
     let cpu = |pick: fn(&(Saturation, Saturation)) -> &Saturation| {
         median(runs.iter().map(|r| pick(r).cpu_per_request * 1e6).collect())
     };
+    let review = median(
+        runs.iter()
+            .filter_map(|r| r.0.review_mean)
+            .map(|m| m * 1e6)
+            .collect(),
+    );
     println!(
-        "ratio, saturation ({shape}): median {:.0} % of the floor's rate (target ≥ 50 %), pairs {}; server CPU per request, medians: webhook {:.0} µs, floor {:.0} µs",
+        "ratio, saturation ({shape}): median {:.0} % of the floor's rate (target ≥ 50 %), pairs {}; server CPU per request, medians: webhook {:.0} µs (the review itself {review:.0} µs), floor {:.0} µs",
         median(shares),
         listed.join(", "),
         cpu(|r| &r.0),
@@ -358,12 +377,43 @@ struct ServerUsage {
     cpu: f64,
     /// Times a server thread found no work and slept ([`cpu_time::sleeps`]).
     sleeps: u64,
+    /// The webhook's reviews so far and their summed time, from its own histogram.
+    reviews: u64,
+    review_seconds: f64,
+}
+
+/// The webhook's metrics, read around each run for the review's own time in the server.
+static REVIEWS: std::sync::OnceLock<prometheus_client::registry::Registry> =
+    std::sync::OnceLock::new();
+
+/// The count and sum of the webhook's `webhook_admission_duration_seconds` histogram.
+fn reviewed() -> (u64, f64) {
+    let mut text = String::new();
+    if let Some(registry) = REVIEWS.get() {
+        prometheus_client::encoding::text::encode(&mut text, registry).expect("metrics text");
+    }
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (
+        value("webhook_admission_duration_seconds_count") as u64,
+        value("webhook_admission_duration_seconds_sum"),
+    )
 }
 
 impl ServerUsage {
     fn now() -> Self {
+        let (reviews, review_seconds) = reviewed();
+        let start = Self {
+            reviews,
+            review_seconds,
+            ..Self::default()
+        };
         let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-            return Self::default();
+            return start;
         };
         tasks
             .flatten()
@@ -371,9 +421,10 @@ impl ServerUsage {
                 std::fs::read_to_string(t.path().join("comm"))
                     .is_ok_and(|c| c.trim_end().starts_with(SERVER_THREAD))
             })
-            .fold(Self::default(), |sum, t| Self {
+            .fold(start, |sum, t| Self {
                 cpu: sum.cpu + cpu_time::cpu_seconds(&t.path()),
                 sleeps: sum.sleeps + cpu_time::sleeps(&t.path()),
+                ..sum
             })
     }
 
@@ -382,8 +433,21 @@ impl ServerUsage {
         Self {
             cpu: self.cpu - before.cpu,
             sleeps: self.sleeps.saturating_sub(before.sleeps),
+            reviews: self.reviews.saturating_sub(before.reviews),
+            review_seconds: self.review_seconds - before.review_seconds,
         }
     }
+
+    /// The review's mean time in the server over these reviews; `None` when none ended.
+    fn review_mean(&self) -> Option<f64> {
+        (self.reviews > 0).then(|| self.review_seconds / self.reviews as f64)
+    }
+}
+
+/// `; the review itself N µs of it` when the run reviewed, else nothing.
+fn review_share(mean: Option<f64>) -> String {
+    mean.map(|m| format!("; the review itself {:.0} µs of it (mean)", m * 1e6))
+        .unwrap_or_default()
 }
 
 /// A fixed request rate spread over `CONNECTIONS` keep-alive connections, sent by a generator
@@ -411,13 +475,15 @@ struct Summary {
     cpu_share: f64,
     /// Times the server threads slept, per answered request.
     sleeps_per_request: f64,
+    /// The review's mean time in the server ([`ServerUsage::review_mean`]).
+    review_mean: Option<f64>,
 }
 
 impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} requests ({:.0}/s achieved), errors {}, p50 {:?}, p90 {:?}, p99 {:?}, max {:?}; server threads {:.0} % of one core ({:.0} µs CPU and {:.2} sleeps per request)",
+            "{} requests ({:.0}/s achieved), errors {}, p50 {:?}, p90 {:?}, p99 {:?}, max {:?}; server threads {:.0} % of one core ({:.0} µs CPU and {:.2} sleeps per request{})",
             self.requests,
             self.achieved,
             self.errors,
@@ -428,6 +494,7 @@ impl std::fmt::Display for Summary {
             self.cpu_share * 100.0,
             self.cpu_per_request * 1e6,
             self.sleeps_per_request,
+            review_share(self.review_mean),
         )
     }
 }
@@ -481,6 +548,7 @@ impl FixedRate<'_> {
             cpu_per_request: used.cpu / requests.max(1.0),
             cpu_share: used.cpu / elapsed,
             sleeps_per_request: used.sleeps as f64 / requests.max(1.0),
+            review_mean: used.review_mean(),
         }
     }
 }
@@ -701,18 +769,20 @@ struct Saturation {
     cpu_per_request: f64,
     cpu_share: f64,
     sleeps_per_request: f64,
+    review_mean: Option<f64>,
 }
 
 impl std::fmt::Display for Saturation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{:.0} requests/s, {}; server threads {:.0} % of one core ({:.0} µs CPU and {:.3} sleeps per request)",
+            "{:.0} requests/s, {}; server threads {:.0} % of one core ({:.0} µs CPU and {:.3} sleeps per request{})",
             self.rate,
             self.latency,
             self.cpu_share * 100.0,
             self.cpu_per_request * 1e6,
             self.sleeps_per_request,
+            review_share(self.review_mean),
         )
     }
 }
@@ -735,6 +805,7 @@ impl Saturation {
             cpu_per_request: used.cpu / requests.max(1.0),
             cpu_share: used.cpu / elapsed,
             sleeps_per_request: used.sleeps as f64 / requests.max(1.0),
+            review_mean: used.review_mean(),
         }
     }
 }
