@@ -24,9 +24,16 @@ pub struct LogArgs {
     pub log_format: LogFormat,
 
     /// Log filter in `tracing` EnvFilter syntax (e.g. `info,nightshift=debug`).
-    #[arg(long, env = "NIGHTSHIFT_LOG", default_value = "info", global = true)]
+    #[arg(long, env = "NIGHTSHIFT_LOG", default_value = DEFAULT_FILTER, global = true)]
     pub log: String,
 }
+
+/// `info`, except for rustls, which logs what a TLS peer does wrong (an IP address sent as the
+/// server name, an extension it should not send) at `warn`, once per connection. Any client that
+/// reaches a listener could thus write warnings into the log at will, and at the webhook's
+/// handshake rate bury the lines that matter; nightshift logs a failed handshake itself, at
+/// `debug`. Errors of rustls's own are still logged.
+pub const DEFAULT_FILTER: &str = "info,rustls=error";
 
 /// Errors while setting up logging.
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +91,49 @@ pub fn use_colour(stderr_is_terminal: bool, no_color: Option<&OsStr>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The default filter drops a TLS peer's protocol warnings (rustls logs through `log`, which
+    /// reaches the subscriber under the module's path as its target) and keeps nightshift's.
+    #[test]
+    fn the_default_filter_keeps_nightshift_and_drops_peer_warnings() {
+        use std::sync::{Arc, Mutex};
+
+        #[derive(Clone, Default)]
+        struct Targets(Arc<Mutex<Vec<String>>>);
+        impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Targets {
+            fn on_event(
+                &self,
+                event: &tracing::Event<'_>,
+                _: tracing_subscriber::layer::Context<'_, S>,
+            ) {
+                if let Ok(mut seen) = self.0.lock() {
+                    seen.push(event.metadata().target().to_string());
+                }
+            }
+        }
+
+        let seen = Targets::default();
+        let filter = EnvFilter::try_new(DEFAULT_FILTER).expect("the default parses");
+        let subscriber = tracing_subscriber::registry()
+            .with(filter)
+            .with(seen.clone());
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(target: "rustls::msgs::handshake", "Illegal SNI extension");
+            tracing::error!(target: "rustls::server::hs", "a fault of rustls's own");
+            tracing::info!(target: "nightshift::webhook::server", "webhook listening");
+            tracing::debug!(target: "nightshift::webhook::review", "research pod marked");
+            tracing::info!(target: "kube_runtime::watcher", "a dependency's info");
+        });
+        let seen = seen.0.lock().expect("targets").clone();
+        assert_eq!(
+            seen,
+            [
+                "rustls::server::hs",
+                "nightshift::webhook::server",
+                "kube_runtime::watcher"
+            ]
+        );
+    }
 
     #[test]
     fn colour_only_on_a_terminal_without_no_color() {
