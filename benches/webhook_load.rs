@@ -25,7 +25,10 @@
 //!
 //! `NIGHTSHIFT_BENCH_ROUNDS` (default 1) repeats phase 1. Rounds and pairs alternate which of
 //! the two goes first (webhook, floor; floor, webhook; …), so that a change in the machine's
-//! speed during the run meets both alike. Under `cargo test` (no `--bench` argument) it only
+//! speed during the run meets both alike. `NIGHTSHIFT_BENCH_FLOOR_WORK_US` (default 0) makes the
+//! floor compute that long per request before answering, touching no memory: set to the
+//! review's own time in the server, it tells what any work of that length costs the transport
+//! from what the review's memory footprint adds. Under `cargo test` (no `--bench` argument) it only
 //! checks that a few reviews succeed.
 
 /// The allocator the `nightshift` binary ships with (`src/main.rs`), so that the in-process
@@ -136,11 +139,22 @@ fn main() {
         return;
     }
 
-    let floor = Server::start(transport_floor_router(answer), tls, pinning.server_cores);
+    let floor_work = Duration::from_micros(env_or("NIGHTSHIFT_BENCH_FLOOR_WORK_US", 0));
+    let floor = Server::start(
+        transport_floor_router(answer, floor_work),
+        tls,
+        pinning.server_cores,
+    );
     let rate: f64 = env_or("NIGHTSHIFT_BENCH_RATE", 2000.0);
     let secs: u64 = env_or("NIGHTSHIFT_BENCH_SECS", 10);
     let rounds: usize = env_or("NIGHTSHIFT_BENCH_ROUNDS", 1);
     println!("{}", pinning.describe());
+    if !floor_work.is_zero() {
+        println!(
+            "the floor computes {} µs per request before answering (registers only, no memory)",
+            floor_work.as_micros()
+        );
+    }
     println!(
         "review body: {} bytes; server runtime: {} worker thread(s)",
         body.len(),
@@ -353,7 +367,12 @@ fn canned_answer(reviewer: &Reviewer, body: &[u8]) -> axum::body::Bytes {
 /// An HTTPS endpoint doing no review: reads the body and answers `answer`, the webhook's own
 /// answer to the bench's review, so that both move the same bytes each way and differ only by
 /// the review (parse, decision, answer encoding).
-fn transport_floor_router(answer: axum::body::Bytes) -> axum::Router {
+///
+/// With a non-zero `work` (`NIGHTSHIFT_BENCH_FLOOR_WORK_US`), it first spins that long on the
+/// clock: work that stands for a review of that cost but touches no memory, so that the webhook
+/// beside it shows what the review costs beyond its own time (the caches it leaves the
+/// transport) apart from what any work of that length costs (a generator that now waits).
+fn transport_floor_router(answer: axum::body::Bytes, work: Duration) -> axum::Router {
     axum::Router::new().route(
         "/mutate",
         axum::routing::post(move |body: axum::body::Bytes| {
@@ -361,6 +380,10 @@ fn transport_floor_router(answer: axum::body::Bytes) -> axum::Router {
             async move {
                 // Read, as the review reads it, so that the body is not dropped unseen.
                 std::hint::black_box(&body);
+                let started = Instant::now();
+                while started.elapsed() < work {
+                    std::hint::spin_loop();
+                }
                 (
                     [(axum::http::header::CONTENT_TYPE, "application/json")],
                     answer,
