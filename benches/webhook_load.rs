@@ -28,8 +28,9 @@
 //! speed during the run meets both alike. `NIGHTSHIFT_BENCH_FLOOR_WORK_US` (default 0) makes the
 //! floor compute that long per request before answering, touching no memory: set to the
 //! review's own time in the server, it tells what any work of that length costs the transport
-//! from what the review's memory footprint adds. Under `cargo test` (no `--bench` argument) it only
-//! checks that a few reviews succeed.
+//! from what the review's memory footprint adds.
+//!
+//! Under `cargo test` (no `--bench` argument) it only checks that a few reviews succeed.
 
 /// The allocator the `nightshift` binary ships with (`src/main.rs`), so that the in-process
 /// server is measured as it runs.
