@@ -12,16 +12,22 @@
 //!    floor, each reported with p50/p90/p99/max, the server threads' CPU per request and how
 //!    often they ran out of work and slept (per request);
 //! 2. saturation of each, for the maximum sustained rate and the server's CPU per request there,
-//!    with each generator installed ([`Saturator`], pinned like the generator): `wrk -c100`
-//!    (HTTP/1.1, 100 connections, as the API server calls webhooks) and `h2load -c1 -m100`
-//!    (HTTP/2, 100 streams on one connection), in `NIGHTSHIFT_BENCH_SAT_PAIRS` (default 6) pairs
-//!    of `NIGHTSHIFT_BENCH_SAT_SECS` (default 3) seconds each;
+//!    in `NIGHTSHIFT_BENCH_SAT_PAIRS` (default 6) pairs of `NIGHTSHIFT_BENCH_SAT_SECS` (default
+//!    3) seconds each, by each [`Saturator`], pinned like the generator: the bench's generator
+//!    (HTTP/1.1, 100 connections, as the API server calls webhooks; the target is measured with
+//!    it) and, for comparison, the load-testing tools installed, whose threads sleep while they
+//!    wait: `wrk -c100` (HTTP/1.1) and `h2load -c1 -m100` (HTTP/2, 100 streams on one
+//!    connection);
 //! 3. the ratios of webhook to floor, measured in this one run.
 //!
 //! Beside the webhook's CPU per request, each run reports the review's own mean time in the
 //! server, read from the webhook's `webhook_admission_duration_seconds` histogram before and
 //! after the run: what the review costs among the TLS, HTTP and kernel work around it, where
 //! `cargo bench --bench webhook` times it in a hot loop.
+//!
+//! When the generator has cores of its own, each run also counts the interrupts those cores
+//! received to wake a sleeping thread, per request ([`generator::wakeups`]): none for the bench's
+//! generator, which never sleeps; what a sleeping generator makes the server pay for otherwise.
 //!
 //! `NIGHTSHIFT_BENCH_ROUNDS` (default 1) repeats phase 1. Rounds and pairs alternate which of
 //! the two goes first (webhook, floor; floor, webhook; …), so that a change in the machine's
@@ -39,6 +45,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[path = "support/cpu_time.rs"]
 mod cpu_time;
+#[path = "support/generator.rs"]
+mod generator;
 #[path = "support/localhost_cert.rs"]
 mod localhost_cert;
 #[path = "support/pinning.rs"]
@@ -49,10 +57,9 @@ mod pod;
 mod stats;
 
 use pinning::Pinning;
-use stats::{env_or, median, percentile};
+use stats::{env_or, median};
 use std::{
     path::{Path, PathBuf},
-    process::Stdio,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -72,7 +79,7 @@ const CONNECTIONS: usize = 100;
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(at) = args.iter().position(|a| a == "--generator") {
-        generator(&args[at + 1..]);
+        generator::main(&args[at + 1..]);
         return;
     }
     let full = args.iter().any(|a| a == "--bench");
@@ -125,15 +132,26 @@ fn main() {
             .build()
             .expect("runtime");
         runtime.block_on(async {
-            let c = client(&std::fs::read(&ca).expect("ca"));
+            use http_body_util::BodyExt;
+            let uri: hyper::Uri = webhook.url.parse().expect("url");
+            let mut c = generator::http1_connection(&uri, &std::fs::read(&ca).expect("ca")).await;
             for _ in 0..5 {
-                let r = c
-                    .post(&webhook.url)
-                    .body(body.clone())
-                    .send()
+                let request = hyper::Request::post(uri.clone())
+                    .header(hyper::header::CONTENT_TYPE, "application/json")
+                    .body(http_body_util::Full::new(axum::body::Bytes::from(
+                        body.clone(),
+                    )))
+                    .expect("request");
+                c.ready().await.expect("connection");
+                let answer = c.send_request(request).await.expect("send");
+                assert!(answer.status().is_success(), "{}", answer.status());
+                let json = answer
+                    .into_body()
+                    .collect()
                     .await
-                    .expect("send");
-                assert!(r.status().is_success());
+                    .expect("answer")
+                    .to_bytes();
+                assert!(json.starts_with(b"{\"apiVersion\":\"admission.k8s.io/v1\""));
             }
         });
         webhook.stop();
@@ -173,7 +191,7 @@ fn main() {
         let (review, mut floor_run) =
             in_turn(round, || load.run(&webhook.url), || load.run(&floor.url));
         // As for saturation: the floor reviews nothing.
-        floor_run.review_mean = None;
+        floor_run.server.review_mean = None;
         println!(
             "webhook, fixed {rate:.0}/s, {CONNECTIONS} keep-alive connections, {secs} s: {review}"
         );
@@ -181,30 +199,25 @@ fn main() {
         pairs.push((review, floor_run));
     }
 
-    let saturators = Saturator::installed(dir.path(), &body, &body_file);
+    let saturators = Saturator::installed(dir.path(), &body, &body_file, &ca);
     let saturation: Vec<_> = saturators
         .iter()
-        .map(|s| {
-            (
-                s.shape(),
-                saturate_in_pairs(s, &webhook.url, &floor.url, &pinning),
-            )
-        })
+        .map(|s| saturate_in_pairs(s, &webhook.url, &floor.url, &pinning))
         .collect();
 
     for (i, (review, floor_run)) in pairs.iter().enumerate() {
         println!(
             "ratios, round {}: p50 {:.2}×, p99 {:.2}× (target ≤ 2×); CPU per request {:.0} µs vs floor {:.0} µs = {:.2}× (target ≤ 100 µs)",
             i + 1,
-            review.p50.as_secs_f64() / floor_run.p50.as_secs_f64().max(1e-9),
-            review.p99.as_secs_f64() / floor_run.p99.as_secs_f64().max(1e-9),
-            review.cpu_per_request * 1e6,
-            floor_run.cpu_per_request * 1e6,
-            review.cpu_per_request / floor_run.cpu_per_request.max(1e-9),
+            review.report.p50.as_secs_f64() / floor_run.report.p50.as_secs_f64().max(1e-9),
+            review.report.p99.as_secs_f64() / floor_run.report.p99.as_secs_f64().max(1e-9),
+            review.server.cpu_per_request * 1e6,
+            floor_run.server.cpu_per_request * 1e6,
+            review.server.cpu_per_request / floor_run.server.cpu_per_request.max(1e-9),
         );
     }
-    for (shape, runs) in &saturation {
-        report_saturation(shape, runs);
+    for (saturator, runs) in saturators.iter().zip(&saturation) {
+        report_saturation(saturator, runs);
     }
     floor.stop();
     webhook.stop();
@@ -226,7 +239,7 @@ fn saturate_in_pairs(
             let (review, mut floor_sat) = in_turn(pair, || saturate(webhook), || saturate(floor));
             // The floor reviews nothing: reviews that end during its run are the webhook's last,
             // answered after its generator stopped counting.
-            floor_sat.review_mean = None;
+            floor_sat.server.review_mean = None;
             println!(
                 "saturation, pair {} ({}, {secs} s each): webhook {review}; floor {floor_sat}",
                 pair + 1,
@@ -238,24 +251,48 @@ fn saturate_in_pairs(
 }
 
 /// The median share of the floor's rate over the pairs, each pair's share, and the medians of
-/// the CPU per request of each side.
-fn report_saturation(shape: &str, runs: &[(Saturation, Saturation)]) {
+/// the CPU per request of each side (and of the interrupts that woke the generator, when
+/// counted).
+fn report_saturation(saturator: &Saturator, runs: &[(Saturation, Saturation)]) {
     let shares: Vec<f64> = runs
         .iter()
         .map(|(review, floor_sat)| review.rate / floor_sat.rate.max(1e-9) * 100.0)
         .collect();
     let listed: Vec<String> = shares.iter().map(|s| format!("{s:.0} %")).collect();
     let cpu = |pick: fn(&(Saturation, Saturation)) -> &Saturation| {
-        median(runs.iter().map(|r| pick(r).cpu_per_request * 1e6).collect())
+        median(
+            runs.iter()
+                .map(|r| pick(r).server.cpu_per_request * 1e6)
+                .collect(),
+        )
     };
     let review = median(
         runs.iter()
-            .filter_map(|r| r.0.review_mean)
+            .filter_map(|r| r.0.server.review_mean)
             .map(|m| m * 1e6)
             .collect(),
     );
+    let wakeups = |pick: fn(&(Saturation, Saturation)) -> &Saturation| {
+        let counted: Vec<f64> = runs
+            .iter()
+            .filter_map(|r| pick(r).server.wakeups_per_request)
+            .collect();
+        (!counted.is_empty()).then(|| median(counted))
+    };
+    let woken = match (wakeups(|r| &r.0), wakeups(|r| &r.1)) {
+        (Some(w), Some(f)) => {
+            format!("; interrupts to wake the generator per request: webhook {w:.3}, floor {f:.3}")
+        }
+        _ => String::new(),
+    };
+    let target = if saturator.is_target() {
+        "target ≥ 50 %"
+    } else {
+        "for comparison: a generator that sleeps, see docs/performance.md"
+    };
     println!(
-        "ratio, saturation ({shape}): median {:.0} % of the floor's rate (target ≥ 50 %), pairs {}; server CPU per request, medians: webhook {:.0} µs (the review itself {review:.0} µs), floor {:.0} µs",
+        "ratio, saturation ({}): median {:.0} % of the floor's rate ({target}), pairs {}; server CPU per request, medians: webhook {:.0} µs (the review itself {review:.0} µs), floor {:.0} µs{woken}",
+        saturator.shape(),
         median(shares),
         listed.join(", "),
         cpu(|r| &r.0),
@@ -281,16 +318,6 @@ fn which(program: &str) -> Option<PathBuf> {
             .map(|p| p.join(program))
             .find(|p| p.is_file())
     })
-}
-
-/// The client of one generator connection: HTTP/1.1 keep-alive, trusting the bench CA.
-fn client(ca: &[u8]) -> reqwest::Client {
-    reqwest::Client::builder()
-        .tls_certs_only([reqwest::Certificate::from_pem(ca).expect("ca")])
-        .http1_only()
-        .pool_max_idle_per_host(1)
-        .build()
-        .expect("client")
 }
 
 /// The webhook's HTTPS server on a runtime of its own, as it has its own process in a cluster.
@@ -408,6 +435,8 @@ struct ServerUsage {
     /// The webhook's reviews so far and their summed time, from its own histogram.
     reviews: u64,
     review_seconds: f64,
+    /// Interrupts the generator's cores received to wake a thread ([`generator::wakeups`]).
+    wakeups: Option<u64>,
 }
 
 /// The webhook's metrics, read around each run for the review's own time in the server.
@@ -433,11 +462,13 @@ fn reviewed() -> (u64, f64) {
 }
 
 impl ServerUsage {
-    fn now() -> Self {
+    /// Use so far, with the interrupts to the generator's `cores` when it has its own.
+    fn now(generator_cores: Option<&str>) -> Self {
         let (reviews, review_seconds) = reviewed();
         let start = Self {
             reviews,
             review_seconds,
+            wakeups: generator_cores.and_then(generator::wakeups),
             ..Self::default()
         };
         let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
@@ -463,6 +494,10 @@ impl ServerUsage {
             sleeps: self.sleeps.saturating_sub(before.sleeps),
             reviews: self.reviews.saturating_sub(before.reviews),
             review_seconds: self.review_seconds - before.review_seconds,
+            wakeups: self
+                .wakeups
+                .zip(before.wakeups)
+                .map(|(now, then)| now.saturating_sub(then)),
         }
     }
 
@@ -478,8 +513,8 @@ fn review_share(mean: Option<f64>) -> String {
         .unwrap_or_default()
 }
 
-/// A fixed request rate spread over `CONNECTIONS` keep-alive connections, sent by a generator
-/// process on the generator's cores.
+/// A fixed request rate spread over `CONNECTIONS` keep-alive connections, sent by the
+/// [`generator`] process on the generator's cores.
 struct FixedRate<'a> {
     rate: f64,
     secs: u64,
@@ -490,39 +525,62 @@ struct FixedRate<'a> {
 
 /// What one fixed-rate run measured.
 struct Summary {
-    requests: u64,
-    errors: u64,
-    achieved: f64,
-    p50: Duration,
-    p90: Duration,
-    p99: Duration,
-    max: Duration,
+    report: generator::Report,
+    server: ServerShare,
+}
+
+/// What the server spent on a run's requests.
+struct ServerShare {
     /// Server threads' CPU seconds per answered request.
     cpu_per_request: f64,
     /// Server threads' CPU as a share of one core.
     cpu_share: f64,
     /// Times the server threads slept, per answered request.
     sleeps_per_request: f64,
+    /// Interrupts sent to the generator's cores to wake it, per answered request
+    /// ([`generator::wakeups`]); `None` when the generator is not on cores of its own.
+    wakeups_per_request: Option<f64>,
     /// The review's mean time in the server ([`ServerUsage::review_mean`]).
     review_mean: Option<f64>,
 }
 
-impl std::fmt::Display for Summary {
+impl ServerShare {
+    fn new(used: &ServerUsage, requests: f64, elapsed: f64) -> Self {
+        let requests = requests.max(1.0);
+        Self {
+            cpu_per_request: used.cpu / requests,
+            cpu_share: used.cpu / elapsed,
+            sleeps_per_request: used.sleeps as f64 / requests,
+            wakeups_per_request: used.wakeups.map(|w| w as f64 / requests),
+            review_mean: used.review_mean(),
+        }
+    }
+}
+
+impl std::fmt::Display for ServerShare {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} requests ({:.0}/s achieved), errors {}, p50 {:?}, p90 {:?}, p99 {:?}, max {:?}; server threads {:.0} % of one core ({:.0} µs CPU and {:.2} sleeps per request{})",
-            self.requests,
-            self.achieved,
-            self.errors,
-            self.p50,
-            self.p90,
-            self.p99,
-            self.max,
+            "server threads {:.0} % of one core ({:.0} µs CPU and {:.3} sleeps per request{}",
             self.cpu_share * 100.0,
             self.cpu_per_request * 1e6,
             self.sleeps_per_request,
             review_share(self.review_mean),
+        )?;
+        if let Some(w) = self.wakeups_per_request {
+            write!(f, "; {w:.3} interrupts per request to wake the generator")?;
+        }
+        f.write_str(")")
+    }
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = &self.report;
+        write!(
+            f,
+            "{} requests ({:.0}/s achieved), errors {}, p50 {:?}, p90 {:?}, p99 {:?}, max {:?}; {}",
+            r.requests, r.rate, r.errors, r.p50, r.p90, r.p99, r.max, self.server,
         )
     }
 }
@@ -531,138 +589,51 @@ impl FixedRate<'_> {
     /// Runs the load against `url` in a generator process and summarises latency, errors and
     /// the server's CPU use over the same interval.
     fn run(&self, url: &str) -> Summary {
-        let exe = std::env::current_exe().expect("own executable");
-        let mut child = Pinning::command(self.pinning.generator.as_deref(), exe)
-            .arg("--generator")
-            .arg(url)
-            .arg(self.ca)
-            .arg(self.body)
-            .arg(self.rate.to_string())
-            .arg(self.secs.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start the load generator");
-        // The generator connects, then prints `ready` and waits for a line on its stdin: the
-        // server's CPU is counted from the first request on, not during the handshakes.
-        use std::io::{BufRead, Write};
-        let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let ready = lines.next().and_then(Result::ok).unwrap_or_default();
-        assert_eq!(ready, "ready", "the generator did not start");
-        let before = ServerUsage::now();
-        let started = Instant::now();
-        let mut stdin = child.stdin.take().expect("stdin");
-        writeln!(stdin, "go").expect("start the generator");
-        let result = lines.next().and_then(Result::ok).unwrap_or_default();
-        let elapsed = started.elapsed().as_secs_f64();
-        let used = ServerUsage::now().since(before);
-        let _ = child.wait();
-        let f: Vec<f64> = result
-            .split_whitespace()
-            .map(|v| v.parse().expect("generator figure"))
-            .collect();
-        let [requests, errors, achieved, p50, p90, p99, max] = f[..] else {
-            panic!("unexpected generator output {result:?}");
+        let load = generator::Load {
+            rate: Some(self.rate),
+            secs: self.secs,
+            threads: self.pinning.generator_cores,
+            awake: self.pinning.generator.is_some(),
         };
-        let us = |v: f64| Duration::from_secs_f64(v / 1e6);
-        Summary {
-            requests: requests as u64,
-            errors: errors as u64,
-            achieved,
-            p50: us(p50),
-            p90: us(p90),
-            p99: us(p99),
-            max: us(max),
-            cpu_per_request: used.cpu / requests.max(1.0),
-            cpu_share: used.cpu / elapsed,
-            sleeps_per_request: used.sleeps as f64 / requests.max(1.0),
-            review_mean: used.review_mean(),
-        }
+        let (report, server) = measured(self.pinning, url, self.ca, self.body, load);
+        Summary { report, server }
     }
 }
 
-/// The generator process: `--generator URL CA BODY RATE SECS`. Opens `CONNECTIONS` keep-alive
-/// connections, prints `ready`, waits for a line on stdin, sends `RATE` requests/s in total for
-/// `SECS` s, then prints `requests errors achieved/s p50 p90 p99 max` (latencies in µs).
-fn generator(args: &[String]) {
-    let [url, ca, body, rate, secs] = args else {
-        panic!("usage: --generator URL CA BODY RATE SECS");
-    };
-    let ca = std::fs::read(ca).expect("ca");
-    let body = axum::body::Bytes::from(std::fs::read(body).expect("body"));
-    let rate: f64 = rate.parse().expect("rate");
-    let secs: u64 = secs.parse().expect("secs");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("generator runtime");
-    runtime.block_on(async move {
-        let clients: Vec<reqwest::Client> = (0..CONNECTIONS).map(|_| client(&ca)).collect();
-        // Connect (TLS handshake) every connection before the measured interval.
-        for c in &clients {
-            let r = c
-                .post(url)
-                .body(body.clone())
-                .send()
-                .await
-                .expect("warm-up");
-            let _ = r.bytes().await;
-        }
-        println!("ready");
-        let mut line = String::new();
-        let _ = std::io::stdin().read_line(&mut line);
-        let per_conn = Duration::from_secs_f64(CONNECTIONS as f64 / rate);
-        let started = Instant::now();
-        let deadline = started + Duration::from_secs(secs);
-        let mut tasks = Vec::new();
-        for (i, c) in clients.into_iter().enumerate() {
-            let (url, body) = (url.clone(), body.clone());
-            tasks.push(tokio::spawn(async move {
-                // Spread the connections' ticks over one period.
-                tokio::time::sleep(per_conn.mul_f64(i as f64 / CONNECTIONS as f64)).await;
-                let mut ticker = tokio::time::interval(per_conn);
-                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-                let (mut lat, mut errors) = (Vec::new(), 0u64);
-                while Instant::now() < deadline {
-                    ticker.tick().await;
-                    let start = Instant::now();
-                    match c.post(&url).body(body.clone()).send().await {
-                        Ok(r) if r.status().is_success() => match r.bytes().await {
-                            Ok(_) => lat.push(start.elapsed()),
-                            Err(_) => errors += 1,
-                        },
-                        _ => errors += 1,
-                    }
-                }
-                (lat, errors)
-            }));
-        }
-        let (mut all, mut errors) = (Vec::new(), 0u64);
-        for t in tasks {
-            let (lat, e) = t.await.expect("task");
-            all.extend(lat);
-            errors += e;
-        }
-        let elapsed = started.elapsed().as_secs_f64();
-        all.sort();
-        let us = |d: Duration| d.as_secs_f64() * 1e6;
-        println!(
-            "{} {errors} {:.1} {:.1} {:.1} {:.1} {:.1}",
-            all.len(),
-            all.len() as f64 / elapsed,
-            us(percentile(&all, 0.50)),
-            us(percentile(&all, 0.90)),
-            us(percentile(&all, 0.99)),
-            us(all.last().copied().unwrap_or_default()),
-        );
-    });
+/// Runs the [`generator`] with `load` on `url`, and what the server spent meanwhile. The
+/// generator connects first: the handshakes are not counted.
+fn measured(
+    pinning: &Pinning,
+    url: &str,
+    ca: &Path,
+    body: &Path,
+    load: generator::Load,
+) -> (generator::Report, ServerShare) {
+    let cores = pinning.generator.as_deref();
+    let started_generator = generator::Generator::spawn(cores, url, ca, body, load);
+    let before = ServerUsage::now(cores);
+    let started = Instant::now();
+    let report = started_generator.run();
+    let elapsed = started.elapsed().as_secs_f64();
+    let used = ServerUsage::now(cores).since(before);
+    let server = ServerShare::new(&used, report.requests as f64, elapsed);
+    (report, server)
 }
 
 /// A load generator that keeps 100 requests in flight, each sent again as soon as it is answered.
 enum Saturator {
-    /// `wrk`: HTTP/1.1 over `CONNECTIONS` keep-alive connections, one request in flight on each:
-    /// how the API server calls a webhook (it offers only HTTP/1.1, and opens a connection per
-    /// review in flight).
+    /// The bench's own [`generator`]: HTTP/1.1 over `CONNECTIONS` keep-alive connections, one
+    /// request in flight on each, as the API server calls a webhook (it offers only HTTP/1.1,
+    /// and opens a connection per review in flight), from threads that never sleep on cores of
+    /// their own. The saturation target is measured with it.
+    Generator { ca: PathBuf, body: PathBuf },
+    /// A load-testing tool, for comparison: its threads sleep when they wait for answers.
+    Tool(Tool),
+}
+
+/// The load-testing tools the bench runs when they are installed.
+enum Tool {
+    /// `wrk`: HTTP/1.1 over `CONNECTIONS` keep-alive connections, one request in flight on each.
     Wrk { bin: PathBuf, script: PathBuf },
     /// `h2load` (nghttp2): HTTP/2, `CONNECTIONS` concurrent streams on one connection, for the
     /// clients that speak it (the webhook allows 100 streams per connection).
@@ -670,9 +641,13 @@ enum Saturator {
 }
 
 impl Saturator {
-    /// The generators installed, each set up to send `body` (also written at `body_file`).
-    fn installed(dir: &Path, body: &[u8], body_file: &Path) -> Vec<Self> {
-        let mut found = Vec::new();
+    /// The bench's generator, then the tools installed, each set up to send `body` (also
+    /// written at `body_file`) trusting the CA at `ca`.
+    fn installed(dir: &Path, body: &[u8], body_file: &Path, ca: &Path) -> Vec<Self> {
+        let mut found = vec![Self::Generator {
+            ca: ca.to_path_buf(),
+            body: body_file.to_path_buf(),
+        }];
         match which("wrk") {
             Some(bin) => {
                 let script = dir.join("review.lua");
@@ -684,15 +659,15 @@ impl Saturator {
                     ),
                 )
                 .expect("script");
-                found.push(Self::Wrk { bin, script });
+                found.push(Self::Tool(Tool::Wrk { bin, script }));
             }
-            None => println!("wrk not installed: no HTTP/1.1 saturation (apt-get install wrk)"),
+            None => println!("wrk not installed: no comparison with wrk (apt-get install wrk)"),
         }
         match which("h2load") {
-            Some(bin) => found.push(Self::H2load {
+            Some(bin) => found.push(Self::Tool(Tool::H2load {
                 bin,
                 body: body_file.to_path_buf(),
-            }),
+            })),
             None => println!(
                 "h2load not installed: no HTTP/2 saturation (apt-get install nghttp2-client)"
             ),
@@ -702,11 +677,23 @@ impl Saturator {
 
     fn shape(&self) -> String {
         match self {
-            Self::Wrk { .. } => format!("wrk, HTTP/1.1, {CONNECTIONS} connections"),
-            Self::H2load { .. } => format!("h2load, HTTP/2, {CONNECTIONS} streams on 1 connection"),
+            Self::Generator { .. } => {
+                format!("the bench's generator, HTTP/1.1, {CONNECTIONS} connections")
+            }
+            Self::Tool(Tool::Wrk { .. }) => format!("wrk, HTTP/1.1, {CONNECTIONS} connections"),
+            Self::Tool(Tool::H2load { .. }) => {
+                format!("h2load, HTTP/2, {CONNECTIONS} streams on 1 connection")
+            }
         }
     }
 
+    /// Whether the saturation target is measured with this generator.
+    fn is_target(&self) -> bool {
+        matches!(self, Self::Generator { .. })
+    }
+}
+
+impl Tool {
     /// The command that loads `url` for `secs` seconds, pinned like the generator, with one
     /// thread per generator core.
     fn command(&self, url: &str, secs: u64, pinning: &Pinning) -> std::process::Command {
@@ -794,23 +781,15 @@ impl Saturator {
 struct Saturation {
     rate: f64,
     latency: String,
-    cpu_per_request: f64,
-    cpu_share: f64,
-    sleeps_per_request: f64,
-    review_mean: Option<f64>,
+    server: ServerShare,
 }
 
 impl std::fmt::Display for Saturation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{:.0} requests/s, {}; server threads {:.0} % of one core ({:.0} µs CPU and {:.3} sleeps per request{})",
-            self.rate,
-            self.latency,
-            self.cpu_share * 100.0,
-            self.cpu_per_request * 1e6,
-            self.sleeps_per_request,
-            review_share(self.review_mean),
+            "{:.0} requests/s, {}; {}",
+            self.rate, self.latency, self.server
         )
     }
 }
@@ -818,22 +797,41 @@ impl std::fmt::Display for Saturation {
 impl Saturation {
     /// `saturator` on `url` for `secs` seconds.
     fn run(saturator: &Saturator, url: &str, secs: u64, pinning: &Pinning) -> Self {
-        let before = ServerUsage::now();
-        let started = Instant::now();
-        let out = saturator
-            .command(url, secs, pinning)
-            .output()
-            .expect("run the load generator");
-        let elapsed = started.elapsed().as_secs_f64();
-        let used = ServerUsage::now().since(before);
-        let (requests, rate, latency) = saturator.read(&String::from_utf8_lossy(&out.stdout));
-        Self {
-            rate,
-            latency,
-            cpu_per_request: used.cpu / requests.max(1.0),
-            cpu_share: used.cpu / elapsed,
-            sleeps_per_request: used.sleeps as f64 / requests.max(1.0),
-            review_mean: used.review_mean(),
+        match saturator {
+            Saturator::Generator { ca, body } => {
+                let load = generator::Load {
+                    rate: None,
+                    secs,
+                    threads: pinning.generator_cores,
+                    awake: pinning.generator.is_some(),
+                };
+                let (report, server) = measured(pinning, url, ca, body, load);
+                Self {
+                    rate: report.rate,
+                    latency: format!(
+                        "p50 {:?}, p99 {:?}, errors {}",
+                        report.p50, report.p99, report.errors
+                    ),
+                    server,
+                }
+            }
+            Saturator::Tool(tool) => {
+                let cores = pinning.generator.as_deref();
+                let before = ServerUsage::now(cores);
+                let started = Instant::now();
+                let out = tool
+                    .command(url, secs, pinning)
+                    .output()
+                    .expect("run the load generator");
+                let elapsed = started.elapsed().as_secs_f64();
+                let used = ServerUsage::now(cores).since(before);
+                let (requests, rate, latency) = tool.read(&String::from_utf8_lossy(&out.stdout));
+                Self {
+                    rate,
+                    latency,
+                    server: ServerShare::new(&used, requests, elapsed),
+                }
+            }
         }
     }
 }
