@@ -132,25 +132,13 @@ fn main() {
             .build()
             .expect("runtime");
         runtime.block_on(async {
-            use http_body_util::BodyExt;
             let uri: hyper::Uri = webhook.url.parse().expect("url");
             let mut c = generator::http1_connection(&uri, &std::fs::read(&ca).expect("ca")).await;
+            let body = axum::body::Bytes::from(body.clone());
             for _ in 0..5 {
-                let request = hyper::Request::post(uri.clone())
-                    .header(hyper::header::CONTENT_TYPE, "application/json")
-                    .body(http_body_util::Full::new(axum::body::Bytes::from(
-                        body.clone(),
-                    )))
-                    .expect("request");
-                c.ready().await.expect("connection");
-                let answer = c.send_request(request).await.expect("send");
-                assert!(answer.status().is_success(), "{}", answer.status());
-                let json = answer
-                    .into_body()
-                    .collect()
-                    .await
-                    .expect("answer")
-                    .to_bytes();
+                let (status, answer) = generator::post(&mut c, &uri, &body).await.expect("answer");
+                assert!(status.is_success(), "{status}");
+                let json = answer.to_bytes();
                 assert!(json.starts_with(b"{\"apiVersion\":\"admission.k8s.io/v1\""));
             }
         });
@@ -593,7 +581,6 @@ impl FixedRate<'_> {
             rate: Some(self.rate),
             secs: self.secs,
             threads: self.pinning.generator_cores,
-            awake: self.pinning.generator.is_some(),
         };
         let (report, server) = measured(self.pinning, url, self.ca, self.body, load);
         Summary { report, server }
@@ -611,13 +598,21 @@ fn measured(
 ) -> (generator::Report, ServerShare) {
     let cores = pinning.generator.as_deref();
     let started_generator = generator::Generator::spawn(cores, url, ca, body, load);
+    with_server_share(cores, || {
+        let report = started_generator.run();
+        (report, report.requests as f64)
+    })
+}
+
+/// Runs `load`, which returns what it measured and the requests answered, and what the server
+/// spent meanwhile (with the interrupts to the generator's `cores`).
+fn with_server_share<T>(cores: Option<&str>, load: impl FnOnce() -> (T, f64)) -> (T, ServerShare) {
     let before = ServerUsage::now(cores);
     let started = Instant::now();
-    let report = started_generator.run();
+    let (measured, requests) = load();
     let elapsed = started.elapsed().as_secs_f64();
     let used = ServerUsage::now(cores).since(before);
-    let server = ServerShare::new(&used, report.requests as f64, elapsed);
-    (report, server)
+    (measured, ServerShare::new(&used, requests, elapsed))
 }
 
 /// A load generator that keeps 100 requests in flight, each sent again as soon as it is answered.
@@ -803,7 +798,6 @@ impl Saturation {
                     rate: None,
                     secs,
                     threads: pinning.generator_cores,
-                    awake: pinning.generator.is_some(),
                 };
                 let (report, server) = measured(pinning, url, ca, body, load);
                 Self {
@@ -816,20 +810,20 @@ impl Saturation {
                 }
             }
             Saturator::Tool(tool) => {
-                let cores = pinning.generator.as_deref();
-                let before = ServerUsage::now(cores);
-                let started = Instant::now();
-                let out = tool
-                    .command(url, secs, pinning)
-                    .output()
-                    .expect("run the load generator");
-                let elapsed = started.elapsed().as_secs_f64();
-                let used = ServerUsage::now(cores).since(before);
-                let (requests, rate, latency) = tool.read(&String::from_utf8_lossy(&out.stdout));
+                let ((rate, latency), server) =
+                    with_server_share(pinning.generator.as_deref(), || {
+                        let out = tool
+                            .command(url, secs, pinning)
+                            .output()
+                            .expect("run the load generator");
+                        let (requests, rate, latency) =
+                            tool.read(&String::from_utf8_lossy(&out.stdout));
+                        ((rate, latency), requests)
+                    });
                 Self {
                     rate,
                     latency,
-                    server: ServerShare::new(&used, requests, elapsed),
+                    server,
                 }
             }
         }

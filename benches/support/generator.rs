@@ -4,8 +4,9 @@
 //! the API server calls a webhook, either at a fixed rate or keeping one request in flight on
 //! each connection (saturation), and reports what it measured on one line.
 //!
-//! On cores of its own it never sleeps. Each of its threads runs a tokio runtime of its own beside a task that always
-//! yields, so the runtime polls its sockets without ever waiting on them. On one machine, an
+//! On cores of its own it never sleeps. Each of its threads runs a tokio runtime of its own
+//! beside a task that always yields, so the runtime polls its sockets without ever waiting on
+//! them. On one machine, an
 //! answer that finds the generator asleep must wake it: the kernel sends the generator's core an
 //! interrupt, and the server's core that wrote the answer pays for sending it (in a virtual
 //! machine, an exit to the hypervisor). A client on another machine, as the API server is, costs
@@ -33,9 +34,6 @@ pub struct Load {
     pub secs: u64,
     /// Threads, each with its share of the connections: one per generator core.
     pub threads: usize,
-    /// Whether the threads stay awake (see the module doc): only when the generator has cores of
-    /// its own, since on the server's cores a thread that never sleeps takes the server's time.
-    pub awake: bool,
 }
 
 /// What a generator run measured: requests answered (2xx), failures, the achieved rate, and the
@@ -99,7 +97,8 @@ pub struct Generator {
 impl Generator {
     /// Starts the generator process for `load` on `url` (trusting the CA at `ca`, sending the
     /// body at `body`) on `cores`, and waits until it has made its connections: handshakes
-    /// are not counted in what follows.
+    /// are not counted in what follows. Its threads stay awake (see the module doc) only on
+    /// cores of its own: on the server's, a thread that never sleeps takes the server's time.
     pub fn spawn(
         cores: Option<&str>,
         url: &str,
@@ -117,7 +116,7 @@ impl Generator {
             .arg(load.rate.map_or_else(|| "max".into(), |r| r.to_string()))
             .arg(load.secs.to_string())
             .arg(load.threads.max(1).to_string())
-            .arg(if load.awake { "awake" } else { "sleeps" })
+            .arg(if cores.is_some() { "awake" } else { "sleeps" })
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -139,8 +138,9 @@ impl Generator {
     }
 }
 
-/// The generator process: `--generator URL CA BODY RATE|max SECS THREADS awake|sleeps`. Connects, prints
-/// `ready`, waits for a line on stdin, loads the server, then prints its [`Report`] line.
+/// The generator process: `--generator URL CA BODY RATE|max SECS THREADS awake|sleeps`.
+/// Connects, prints `ready`, waits for a line on stdin, loads the server, then prints its
+/// [`Report`] line.
 pub fn main(args: &[String]) {
     let [url, ca, body, rate, secs, threads, awake] = args else {
         panic!("usage: --generator URL CA BODY RATE|max SECS THREADS awake|sleeps");
@@ -152,8 +152,8 @@ pub fn main(args: &[String]) {
         rate: (rate != "max").then(|| rate.parse().expect("rate")),
         secs: secs.parse().expect("secs"),
         threads: threads.parse().expect("threads"),
-        awake: awake == "awake",
     };
+    let awake = awake == "awake";
     let threads = load.threads.clamp(1, CONNECTIONS);
     // Every thread has connected at the first barrier; the load starts at the second, after the
     // parent's `go`, with the start time set in between.
@@ -177,7 +177,7 @@ pub fn main(args: &[String]) {
                     connected.wait();
                     connected.wait();
                     let started = *start.get().expect("start time");
-                    drive(senders, &connections, &uri, &body, load, started).await
+                    drive(senders, &connections, &uri, &body, load, awake, started).await
                 })
             })
         })
@@ -209,18 +209,19 @@ pub fn main(args: &[String]) {
 }
 
 /// Loads the server over `senders` (connections number `connections` of `CONNECTIONS`) from
-/// `started` for `load.secs`, on this thread's runtime, kept awake if `load.awake`; the latencies
-/// of the answered requests and the count of failed ones.
+/// `started` for `load.secs`, on this thread's runtime, kept `awake` if asked; the latencies of
+/// the answered requests and the count of failed ones.
 async fn drive(
     senders: Vec<SendRequest<Full<Bytes>>>,
     connections: &[usize],
     uri: &hyper::Uri,
     body: &Bytes,
     load: Load,
+    awake: bool,
     started: Instant,
 ) -> (Vec<Duration>, u64) {
     let deadline = started + Duration::from_secs(load.secs);
-    let awake = load.awake.then(|| {
+    let awake = awake.then(|| {
         tokio::spawn(async move {
             while Instant::now() < deadline {
                 tokio::task::yield_now().await;
@@ -281,21 +282,9 @@ async fn connection(
             t.tick().await;
         }
         let sent = Instant::now();
-        let request = hyper::Request::post(uri.clone())
-            .header(hyper::header::HOST, "127.0.0.1")
-            .header(hyper::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(body.clone()))
-            .expect("request");
-        let answered = async {
-            sender.ready().await.ok()?;
-            let answer = sender.send_request(request).await.ok()?;
-            let ok = answer.status().is_success();
-            answer.into_body().collect().await.ok()?;
-            Some(ok)
-        };
-        match answered.await {
-            Some(true) => latencies.push(sent.elapsed()),
-            Some(false) => errors += 1,
+        match post(&mut sender, &uri, &body).await {
+            Some((status, _)) if status.is_success() => latencies.push(sent.elapsed()),
+            Some(_) => errors += 1,
             None => {
                 errors += 1;
                 break;
@@ -303,6 +292,24 @@ async fn connection(
         }
     }
     (latencies, errors)
+}
+
+/// POSTs `body` as JSON to `uri` over `sender`'s connection; the answer's status and its whole
+/// body, or `None` when the connection failed.
+pub async fn post(
+    sender: &mut SendRequest<Full<Bytes>>,
+    uri: &hyper::Uri,
+    body: &Bytes,
+) -> Option<(hyper::StatusCode, http_body_util::Collected<Bytes>)> {
+    let request = hyper::Request::post(uri.clone())
+        .header(hyper::header::HOST, "127.0.0.1")
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(body.clone()))
+        .expect("request");
+    sender.ready().await.ok()?;
+    let answer = sender.send_request(request).await.ok()?;
+    let status = answer.status();
+    Some((status, answer.into_body().collect().await.ok()?))
 }
 
 /// One HTTP/1.1 connection over TLS to `uri`'s host and port, trusting `ca` (PEM); its driver
