@@ -1,5 +1,7 @@
-//! Cost of one admission review: the pure `mutate()` on a realistic 10 KB pod, and the whole
-//! review (parse, mutate, encode) without the network.
+//! Cost of one admission review: the pure `mutate()` on a realistic 10 KB pod, the whole review
+//! (parse, mutate, encode) without the network, and beside them the parse's own floor: only
+//! tokenizing the review's JSON text (nothing built), then the review's parse, then the parse with
+//! the `Pod` that `mutate` takes.
 //!
 //! `cargo bench --bench webhook -- --warm-up-time 1 --measurement-time 3`
 
@@ -18,7 +20,8 @@ use k8s_openapi::api::core::v1::Pod;
 use nightshift::webhook::{
     cluster::FixedCluster,
     mutate::{MutationPolicy, PriorityClassInfo, mutate},
-    review::{Metrics, Reviewer},
+    pod_fields::AdmittedPod,
+    review::{Metrics, Reviewer, parse},
 };
 
 fn benches(c: &mut Criterion) {
@@ -52,6 +55,24 @@ fn benches(c: &mut Criterion) {
         ),
         metrics: Metrics::default(),
     };
+    // The parse's floor: the same text checked as JSON and nothing built, as `review::parse`
+    // reads it (as text, once checked to be UTF-8).
+    let text = std::str::from_utf8(&body).expect("UTF-8");
+    c.bench_function("tokenize 10KB review (nothing built)", |b| {
+        b.iter(|| serde_json::from_str::<serde::de::IgnoredAny>(black_box(text)).expect("JSON"))
+    });
+    c.bench_function("parse 10KB review (review::parse)", |b| {
+        b.iter(|| parse(black_box(&body)).expect("review"))
+    });
+    c.bench_function("parse 10KB review, then the Pod mutate takes", |b| {
+        b.iter(|| {
+            parse(black_box(&body))
+                .expect("review")
+                .object
+                .map(AdmittedPod::into_pod)
+        })
+    });
+
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
