@@ -4,15 +4,14 @@
 //! the API server calls a webhook, either at a fixed rate or keeping one request in flight on
 //! each connection (saturation), and reports what it measured on one line.
 //!
-//! On cores of its own it never sleeps. Each of its threads runs a tokio runtime of its own
-//! beside a task that always yields, so the runtime polls its sockets without ever waiting on
-//! them. On one machine, an
-//! answer that finds the generator asleep must wake it: the kernel sends the generator's core an
-//! interrupt, and the server's core that wrote the answer pays for sending it (in a virtual
-//! machine, an exit to the hypervisor). A client on another machine, as the API server is, costs
-//! the server nothing of the kind, and a generator that sleeps more the slower the server answers
-//! charges a slow server more than a fast one. [`wakeups`] counts those interrupts, so that a
-//! run shows what a generator that sleeps (`wrk`, `h2load`) costs the server.
+//! On cores of its own it never sleeps. Each of its threads runs a tokio runtime of its own beside
+//! a task that always yields, so the runtime polls its sockets without ever waiting on them. On one
+//! machine, an answer that finds the generator asleep must wake it: the kernel sends the
+//! generator's core an interrupt, and the server's core that wrote the answer pays for sending it
+//! (in a virtual machine, an exit to the hypervisor). A client on another machine, as the API
+//! server is, costs the server nothing of the kind, and a generator that sleeps more the slower the
+//! server answers charges a slow server more than a fast one. [`wakeups`] counts those interrupts,
+//! so that a run shows what a generator that sleeps (`wrk`, `h2load`) costs the server.
 
 use std::{
     sync::{Arc, Barrier, OnceLock},
