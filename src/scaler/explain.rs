@@ -44,8 +44,9 @@ pub struct Explanation {
     /// on every evaluation).
     #[serde(serialize_with = "rfc3339")]
     pub at: jiff::Timestamp,
-    /// Where the readings came from.
-    pub source: String,
+    /// Where the readings came from (shared with the trigger, not copied at every evaluation).
+    #[serde(serialize_with = "text")]
+    pub source: Arc<str>,
     /// Pods that contributed readings.
     pub pods: Option<usize>,
     pub terms: Vec<TermView>,
@@ -71,6 +72,11 @@ pub struct Explanation {
 /// A timestamp as RFC 3339 text (`jiff`'s display form), written straight into the output.
 fn rfc3339<S: serde::Serializer>(at: &jiff::Timestamp, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(at)
+}
+
+/// Shared text, written as the string it is.
+fn text<S: serde::Serializer>(text: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(text)
 }
 
 /// What the learned capacity did in one evaluation.

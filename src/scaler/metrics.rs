@@ -71,6 +71,15 @@ struct ObjectLabels {
     scaled_object: String,
 }
 
+impl ObjectLabels {
+    fn new(namespace: &str, name: &str) -> Self {
+        Self {
+            namespace: namespace.to_string(),
+            scaled_object: name.to_string(),
+        }
+    }
+}
+
 /// A ScaledObject's measured demand, by the service its trigger read: a forecast rebuilt after a
 /// restart reads only the demand of the service the trigger reads now.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -116,9 +125,8 @@ pub struct ScalerMetrics {
     duration: Family<RpcOnly, Histogram, fn() -> Histogram>,
     demand: Family<ObjectLabels, Gauge<f64, AtomicU64>>,
     measured: Family<MeasuredLabels, Gauge<f64, AtomicU64>>,
-    /// Each ScaledObject's measured-demand series: the service it is of and its labels, to set
-    /// it without building its labels again, and to drop it when the trigger changes service.
-    measured_series: Arc<Mutex<HashMap<ObjectLabels, (u64, MeasuredLabels)>>>,
+    /// Each ScaledObject's demand series, by namespace and name.
+    series: Arc<Mutex<HashMap<String, HashMap<String, ObjectSeries>>>>,
     pods: Family<ObjectLabels, Gauge>,
     rebuilds: Family<OutcomeLabels, Counter>,
     capacity: Family<CapacityLabels, Gauge<f64, AtomicU64>>,
@@ -132,7 +140,7 @@ impl Default for ScalerMetrics {
             duration: Family::new_with_constructor(rpc_histogram),
             demand: Family::default(),
             measured: Family::default(),
-            measured_series: Arc::default(),
+            series: Arc::default(),
             pods: Family::default(),
             rebuilds: Family::default(),
             capacity: Family::default(),
@@ -211,10 +219,7 @@ impl ScalerMetrics {
                 .set(value);
         }
         self.capacity_samples
-            .get_or_create(&ObjectLabels {
-                namespace: namespace.to_string(),
-                scaled_object: name.to_string(),
-            })
+            .get_or_create(&ObjectLabels::new(namespace, name))
             .set(i64::try_from(samples).unwrap_or(i64::MAX));
     }
 
@@ -227,10 +232,8 @@ impl ScalerMetrics {
                 kind,
             });
         }
-        self.capacity_samples.remove(&ObjectLabels {
-            namespace: namespace.to_string(),
-            scaled_object: name.to_string(),
-        });
+        self.capacity_samples
+            .remove(&ObjectLabels::new(namespace, name));
     }
 
     /// Counts one answered request.
@@ -259,60 +262,53 @@ impl ScalerMetrics {
         measured: f64,
         pods: Option<usize>,
     ) {
-        let labels = ObjectLabels {
-            namespace: namespace.to_string(),
-            scaled_object: name.to_string(),
+        let reading = Reading {
+            service,
+            replicas,
+            measured,
+            pods,
         };
-        self.demand.get_or_create(&labels).set(replicas);
-        // Held until the series is set, so that two evaluations at once leave one series. The
-        // series' labels are built only when the service is new or changed, not at every call.
-        let mut series = self.measured_series();
-        match series.get_mut(&labels) {
-            Some((read, series_labels)) => {
-                if *read != service {
-                    self.measured.remove(series_labels);
-                    *read = service;
-                    *series_labels = MeasuredLabels::new(namespace, name, service);
-                }
-                self.measured.get_or_create(series_labels).set(measured);
-            }
+        // Held until the series are set, so that two evaluations at once leave one series.
+        let mut series = self.series();
+        match series
+            .get_mut(namespace)
+            .and_then(|names| names.get_mut(name))
+        {
+            Some(object) => object.set(self, namespace, name, reading),
             None => {
-                let series_labels = MeasuredLabels::new(namespace, name, service);
-                self.measured.get_or_create(&series_labels).set(measured);
-                series.insert(labels.clone(), (service, series_labels));
+                let mut object = ObjectSeries::new(self, namespace, name, service);
+                object.set(self, namespace, name, reading);
+                series
+                    .entry(namespace.to_string())
+                    .or_default()
+                    .insert(name.to_string(), object);
             }
-        }
-        drop(series);
-        if let Some(pods) = pods {
-            self.pods
-                .get_or_create(&labels)
-                .set(i64::try_from(pods).unwrap_or(i64::MAX));
         }
     }
 
     /// Drops the demand and pods series of a ScaledObject that is no longer evaluated, so that
     /// deleted ScaledObjects neither stay in `/metrics` nor hold memory.
     pub fn forget(&self, namespace: &str, name: &str) {
-        let labels = ObjectLabels {
-            namespace: namespace.to_string(),
-            scaled_object: name.to_string(),
-        };
-        self.demand.remove(&labels);
-        let mut series = self.measured_series();
-        if let Some((_, series_labels)) = series.remove(&labels) {
-            self.measured.remove(&series_labels);
+        let labels = ObjectLabels::new(namespace, name);
+        // Held while the families' series go, so that no evaluation meanwhile keeps a handle to
+        // a series no longer exported.
+        let mut series = self.series();
+        if let Some(names) = series.get_mut(namespace) {
+            if let Some(object) = names.remove(name) {
+                self.measured.remove(&object.measured_labels);
+            }
+            if names.is_empty() {
+                series.remove(namespace);
+            }
         }
-        drop(series);
+        self.demand.remove(&labels);
         self.pods.remove(&labels);
+        drop(series);
         self.forget_capacity(namespace, name);
     }
 
-    fn measured_series(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<ObjectLabels, (u64, MeasuredLabels)>> {
-        self.measured_series
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+    fn series(&self) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<String, ObjectSeries>>> {
+        self.series.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Counts one forecast rebuild from Prometheus, `ok` or not.
@@ -321,6 +317,67 @@ impl ScalerMetrics {
         self.rebuilds
             .get_or_create(&OutcomeLabels { outcome })
             .inc();
+    }
+}
+
+/// One evaluation's figures for a ScaledObject's demand series.
+#[derive(Clone, Copy)]
+struct Reading {
+    service: u64,
+    replicas: f64,
+    measured: f64,
+    pods: Option<usize>,
+}
+
+/// One ScaledObject's demand series: handles to the families' gauges, set at every evaluation
+/// without building their labels again, and the service the measured series is of, with its
+/// labels, to drop it when the trigger changes service.
+struct ObjectSeries {
+    demand: Gauge<f64, AtomicU64>,
+    service: u64,
+    measured_labels: MeasuredLabels,
+    measured: Gauge<f64, AtomicU64>,
+    /// Made at the first evaluation that read pods (a raw query reads none).
+    pods: Option<Gauge>,
+}
+
+impl ObjectSeries {
+    fn new(metrics: &ScalerMetrics, namespace: &str, name: &str, service: u64) -> Self {
+        let measured_labels = MeasuredLabels::new(namespace, name, service);
+        Self {
+            demand: metrics
+                .demand
+                .get_or_create(&ObjectLabels::new(namespace, name))
+                .clone(),
+            service,
+            measured: metrics.measured.get_or_create(&measured_labels).clone(),
+            measured_labels,
+            pods: None,
+        }
+    }
+
+    fn set(&mut self, metrics: &ScalerMetrics, namespace: &str, name: &str, reading: Reading) {
+        self.demand.set(reading.replicas);
+        if self.service != reading.service {
+            metrics.measured.remove(&self.measured_labels);
+            self.service = reading.service;
+            self.measured_labels = MeasuredLabels::new(namespace, name, reading.service);
+            self.measured = metrics
+                .measured
+                .get_or_create(&self.measured_labels)
+                .clone();
+        }
+        self.measured.set(reading.measured);
+        if let Some(pods) = reading.pods {
+            self.pods
+                .get_or_insert_with(|| {
+                    metrics
+                        .pods
+                        .get_or_create(&ObjectLabels::new(namespace, name))
+                        .clone()
+                })
+                .set(i64::try_from(pods).unwrap_or(i64::MAX));
+        }
     }
 }
 

@@ -290,7 +290,7 @@ impl Scaler {
             namespace: namespace.to_string(),
             name: name.to_string(),
             at: jiff::Timestamp::now(),
-            source: describe(&config.source),
+            source: config.reads().source_name.clone(),
             pods: None,
             terms: Vec::new(),
             driver: None,
@@ -399,16 +399,17 @@ impl Scaler {
         config: &TriggerConfig,
         explanation: &mut Explanation,
     ) -> Result<Evaluation, Error> {
+        let reads = config.reads();
         if let Some(raw) = &config.query {
-            let Source::Prometheus { server, .. } = &config.source else {
+            let Some(query) = &reads.raw else {
                 return Err(Error::QueryWithoutServer);
             };
-            let value = match *self.prometheus.raw_query(server, &raw.query).await? {
+            let value = match *self.prometheus.raw_query(query).await? {
                 Some(v) => v,
                 None if config.empty_result == EmptyResult::Zero => 0.0,
                 None => {
                     return Err(Error::Empty {
-                        source_name: explanation.source.clone(),
+                        source_name: reads.source_name.to_string(),
                         family: "query",
                         selection: format!("{:?}", raw.query),
                     });
@@ -431,18 +432,7 @@ impl Scaler {
             });
         }
 
-        let mut wanted: Vec<Signal> = config.targets.configured().collect();
-        if config.capacity.is_some() {
-            // The learner reads the queue and both token rates, whatever the targets.
-            wanted.extend([
-                Signal::Waiting,
-                Signal::GenerationTokens,
-                Signal::PromptTokens,
-            ]);
-            wanted.sort();
-            wanted.dedup();
-        }
-        let readings = self.read(config, &wanted, &explanation.source).await?;
+        let readings = self.read(config).await?;
         let mut totals = demand::Totals::default();
         for (signal, aggregate) in readings {
             let value = match aggregate {
@@ -453,7 +443,7 @@ impl Scaler {
                 None if config.empty_result == EmptyResult::Zero => 0.0,
                 None => {
                     return Err(Error::Empty {
-                        source_name: explanation.source.clone(),
+                        source_name: reads.source_name.to_string(),
                         family: signal.family(),
                         selection: selection_text(&config.selection),
                     });
@@ -530,28 +520,29 @@ impl Scaler {
     async fn read(
         &self,
         config: &TriggerConfig,
-        wanted: &[Signal],
-        source_name: &str,
     ) -> Result<Vec<(Signal, Option<crate::sources::Aggregate>)>, Error> {
+        let reads = config.reads();
         match &config.source {
-            Source::Prometheus { server, labels } => {
-                let fetches = wanted.iter().map(|&signal| async move {
-                    let index = self
-                        .prometheus
-                        .family(server, labels, signal, config.rate_window)
-                        .await?;
-                    Ok::<_, Error>((signal, index.select(&config.selection)))
-                });
+            Source::Prometheus { labels, .. } => {
+                let fetches =
+                    reads
+                        .signals
+                        .iter()
+                        .zip(&reads.families)
+                        .map(|(&signal, query)| async move {
+                            let index = self.prometheus.family(query, labels, signal).await?;
+                            Ok::<_, Error>((signal, index.select(&config.selection)))
+                        });
                 futures::future::try_join_all(fetches).await
             }
             Source::Scrape(target) => {
                 let snapshot = self.scrape.snapshot(target).await?;
-                let mut out = Vec::with_capacity(wanted.len());
-                for &signal in wanted {
+                let mut out = Vec::with_capacity(reads.signals.len());
+                for &signal in &reads.signals {
                     let rated = matches!(signal, Signal::GenerationTokens | Signal::PromptTokens);
                     if rated && snapshot.rates_warming_up {
                         return Err(Error::WarmingUp {
-                            source_name: source_name.to_string(),
+                            source_name: reads.source_name.to_string(),
                         });
                     }
                     let agg = snapshot.families.get(signal).select(&config.selection);
@@ -565,13 +556,6 @@ impl Scaler {
 
 fn selection_text(s: &Selection) -> String {
     s.to_string()
-}
-
-fn describe(source: &Source) -> String {
-    match source {
-        Source::Prometheus { server, .. } => format!("Prometheus {}", server.address),
-        Source::Scrape(t) => t.describe(),
-    }
 }
 
 /// Loads the TLS files named by the options (`None`: plaintext); their certificate's expiry is

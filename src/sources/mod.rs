@@ -57,58 +57,56 @@ pub struct Aggregate {
 /// One family's readings, summed per (namespace, model) from per-pod values.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FamilyIndex {
-    by_model: HashMap<ModelKey, Aggregate>,
+    /// Namespace, then model: a selection of both (the common case) is looked up with the
+    /// trigger's own strings, without building a key at every evaluation.
+    by_namespace: HashMap<String, HashMap<String, Aggregate>>,
 }
 
 impl FamilyIndex {
     /// Builds the index from one value per pod (a pod serving two models appears twice).
     pub fn from_pod_values(values: impl IntoIterator<Item = (ModelKey, f64)>) -> Self {
-        let mut by_model: HashMap<ModelKey, Aggregate> = HashMap::new();
+        let mut by_namespace: HashMap<String, HashMap<String, Aggregate>> = HashMap::new();
         for (key, value) in values {
-            let agg = by_model.entry(key).or_default();
+            let agg = by_namespace
+                .entry(key.namespace)
+                .or_default()
+                .entry(key.model)
+                .or_default();
             agg.total += value;
             agg.pods += 1;
         }
-        Self { by_model }
+        Self { by_namespace }
     }
 
     /// The aggregate for a selection, or `None` when no series matched (an empty result).
     pub fn select(&self, selection: &Selection) -> Option<Aggregate> {
-        if let (Some(namespace), Some(model)) = (&selection.namespace, &selection.model) {
-            // The common case is a direct lookup.
-            return self
-                .by_model
-                .get(&ModelKey {
-                    namespace: namespace.clone(),
-                    model: model.clone(),
-                })
-                .copied();
+        let in_namespace = |models: &HashMap<String, Aggregate>| match &selection.model {
+            Some(model) => models.get(model).copied(),
+            None => sum(models.values().copied()),
+        };
+        match &selection.namespace {
+            Some(namespace) => self.by_namespace.get(namespace).and_then(in_namespace),
+            None => sum(self.by_namespace.values().filter_map(in_namespace)),
         }
-        let mut found = None::<Aggregate>;
-        for (key, agg) in &self.by_model {
-            let ns_ok = selection
-                .namespace
-                .as_ref()
-                .is_none_or(|n| *n == key.namespace);
-            let model_ok = selection.model.as_ref().is_none_or(|m| *m == key.model);
-            if ns_ok && model_ok {
-                let acc = found.get_or_insert_default();
-                acc.total += agg.total;
-                acc.pods += agg.pods;
-            }
-        }
-        found
     }
 
     /// Number of (namespace, model) entries.
     pub fn len(&self) -> usize {
-        self.by_model.len()
+        self.by_namespace.values().map(HashMap::len).sum()
     }
 
     /// Whether no series were found at all.
     pub fn is_empty(&self) -> bool {
-        self.by_model.is_empty()
+        self.by_namespace.is_empty()
     }
+}
+
+/// The sum of `aggregates`, or `None` when there are none.
+fn sum(aggregates: impl Iterator<Item = Aggregate>) -> Option<Aggregate> {
+    aggregates.reduce(|a, b| Aggregate {
+        total: a.total + b.total,
+        pods: a.pods + b.pods,
+    })
 }
 
 /// Why a source could not produce a reading. Cloneable because one fetch's outcome is shared

@@ -57,6 +57,25 @@ pub struct Labels {
     pub matchers: Vec<(String, String)>,
 }
 
+/// A PromQL query on one server: what the query cache is keyed by. A trigger's are built once,
+/// when its metadata is read ([`family_query`] for each signal, or its raw `query`), so that an
+/// evaluation answered from the cache builds no text and copies no key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ServerQuery {
+    pub server: Server,
+    pub query: String,
+}
+
+impl ServerQuery {
+    /// `signal`'s [`family_query`] on `server`, token rates taken over `rate_window`.
+    pub fn family(server: &Server, labels: &Labels, signal: Signal, rate_window: Duration) -> Self {
+        Self {
+            server: server.clone(),
+            query: family_query(signal, labels, &promql_duration(rate_window)),
+        }
+    }
+}
+
 /// Builds the selector `metric{k="v",...}` with escaped values.
 fn selector(metric: &str, matchers: &[(String, String)]) -> String {
     let mut s = metric.to_string();
@@ -119,8 +138,8 @@ fn promql_duration(d: Duration) -> String {
 /// `--scaler-allowed-prometheus=*` the servers named are not bounded by a list.
 pub struct PrometheusSource {
     clients: Mutex<IdleMap<Server, Client>>,
-    families: Coalescer<(Server, String), FamilyIndex>,
-    raw: Coalescer<(Server, String), Option<f64>>,
+    families: Coalescer<ServerQuery, FamilyIndex>,
+    raw: Coalescer<ServerQuery, Option<f64>>,
     metrics: SourceMetrics,
 }
 
@@ -142,49 +161,46 @@ impl PrometheusSource {
             .map(|client| client.clone())
     }
 
-    /// One signal's family readings from `server`, shared with every concurrent and recent
-    /// caller. Token rates are taken over `rate_window`.
+    /// One signal's family readings, `query` being its [`family_query`] with `labels`, shared
+    /// with every concurrent and recent caller.
     pub async fn family(
         &self,
-        server: &Server,
+        query: &ServerQuery,
         labels: &Labels,
         signal: Signal,
-        rate_window: Duration,
     ) -> Result<Arc<FamilyIndex>, SourceError> {
-        let query = family_query(signal, labels, &promql_duration(rate_window));
-        let key = (server.clone(), query);
         // What only a query needs (the client, the copies the query's task owns) is made when
         // the cache has no fresh answer, not on every call it answers.
         self.families
-            .get_or_fetch(&key, || {
-                let client = self.client(server);
-                let (metrics, server, labels) =
-                    (self.metrics.clone(), server.clone(), labels.clone());
-                let query = key.1.clone();
+            .get_or_fetch(query, || {
+                let client = self.client(&query.server);
+                let (metrics, query, labels) =
+                    (self.metrics.clone(), query.clone(), labels.clone());
                 async move {
-                    let data =
-                        run_query(&client?, &server, &query, &metrics, signal.family()).await?;
-                    index_from(&server, &labels, data)
+                    let data = run_query(
+                        &client?,
+                        &query.server,
+                        &query.query,
+                        &metrics,
+                        signal.family(),
+                    )
+                    .await?;
+                    index_from(&query.server, &labels, data)
                 }
             })
             .await
     }
 
     /// A raw PromQL query that must return at most one element; `None` when it returned none.
-    pub async fn raw_query(
-        &self,
-        server: &Server,
-        query: &str,
-    ) -> Result<Arc<Option<f64>>, SourceError> {
-        let key = (server.clone(), query.to_string());
+    pub async fn raw_query(&self, query: &ServerQuery) -> Result<Arc<Option<f64>>, SourceError> {
         self.raw
-            .get_or_fetch(&key, || {
-                let client = self.client(server);
-                let (metrics, server) = (self.metrics.clone(), server.clone());
-                let query = key.1.clone();
+            .get_or_fetch(query, || {
+                let client = self.client(&query.server);
+                let (metrics, query) = (self.metrics.clone(), query.clone());
                 async move {
-                    let data = run_query(&client?, &server, &query, &metrics, "query").await?;
-                    single_value(&server, &query, data)
+                    let data =
+                        run_query(&client?, &query.server, &query.query, &metrics, "query").await?;
+                    single_value(&query.server, &query.query, data)
                 }
             })
             .await

@@ -11,6 +11,7 @@ pub mod keys;
 use std::{
     collections::HashMap,
     hash::{Hash, Hasher},
+    sync::Arc,
     time::Duration,
 };
 
@@ -20,7 +21,7 @@ use crate::{
     demand::{DEFAULT_UTILIZATION, Signal, Targets},
     sources::{
         Selection,
-        prometheus::{Auth, Labels, Server},
+        prometheus::{Auth, Labels, Server, ServerQuery},
         scrape::{Pods, Target},
     },
 };
@@ -103,6 +104,63 @@ pub struct TriggerConfig {
     /// [`Self::service`], computed once when the metadata is read (a trigger is admitted once
     /// and evaluated at every poll).
     service: u64,
+    /// [`Self::reads`], worked out once when the metadata is read, as `service` is.
+    reads: Reads,
+}
+
+/// What every evaluation of a trigger reads, and the words its decision names the source with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reads {
+    /// The signals read, in [`Signal::ALL`]'s order: those with a target and, with learned
+    /// capacity, the queue and both token rates the learner reads (none with a raw `query`).
+    pub signals: Vec<Signal>,
+    /// For a Prometheus source, each of `signals`' family query, in the same order.
+    pub families: Vec<ServerQuery>,
+    /// For a Prometheus source, the raw `query`, if one is set.
+    pub raw: Option<ServerQuery>,
+    /// The source in words, as decisions and errors name it.
+    pub source_name: Arc<str>,
+}
+
+impl Reads {
+    fn of(
+        source: &Source,
+        targets: &Targets,
+        capacity: Option<LearnedCapacity>,
+        query: Option<&RawQuery>,
+        rate_window: Duration,
+    ) -> Self {
+        let mut signals: Vec<Signal> = targets.configured().collect();
+        if capacity.is_some() {
+            signals.extend([
+                Signal::Waiting,
+                Signal::GenerationTokens,
+                Signal::PromptTokens,
+            ]);
+            signals.sort();
+            signals.dedup();
+        }
+        let (families, raw, source_name) = match source {
+            Source::Prometheus { server, labels } => (
+                signals
+                    .iter()
+                    .map(|&signal| ServerQuery::family(server, labels, signal, rate_window))
+                    .collect(),
+                query.map(|q| ServerQuery {
+                    server: server.clone(),
+                    query: q.query.clone(),
+                }),
+                format!("Prometheus {}", server.address),
+            ),
+            Source::Scrape(target) => (Vec::new(), None, target.describe()),
+        };
+        Self {
+            signals,
+            families,
+            raw,
+            source_name: source_name.into(),
+        }
+    }
 }
 
 impl TriggerConfig {
@@ -117,6 +175,11 @@ impl TriggerConfig {
     /// exported with it, and a forecast's rebuild after a restart selects it.
     pub fn service(&self) -> u64 {
         self.service
+    }
+
+    /// What every evaluation reads: the signals, their queries, the source in words.
+    pub fn reads(&self) -> &Reads {
+        &self.reads
     }
 }
 
@@ -192,6 +255,13 @@ pub fn parse(
             Ok(TriggerConfig {
                 rate_window,
                 service: fingerprint(&selection, &source),
+                reads: Reads::of(
+                    &source,
+                    &demand.targets,
+                    demand.capacity,
+                    demand.query.as_ref(),
+                    rate_window,
+                ),
                 selection,
                 source,
                 targets: demand.targets,
@@ -852,6 +922,65 @@ mod tests {
             let e = err(&pairs);
             assert!(e.contains(problem), "{pairs:?}: {e}");
         }
+    }
+
+    #[test]
+    fn what_each_evaluation_reads_is_worked_out_once() {
+        let c = ok(&[
+            ("serverAddress", "http://prom:9090"),
+            ("model", "llama"),
+            ("kvCacheTarget", "0.8"),
+            ("waitingTarget", "5"),
+        ]);
+        let reads = c.reads();
+        assert_eq!(reads.signals, vec![Signal::Waiting, Signal::KvCache]);
+        let Source::Prometheus { server, labels } = &c.source else {
+            panic!("expected Prometheus");
+        };
+        let queries: Vec<&str> = reads.families.iter().map(|q| q.query.as_str()).collect();
+        assert_eq!(
+            queries,
+            [Signal::Waiting, Signal::KvCache]
+                .map(|s| crate::sources::prometheus::family_query(s, labels, "60s"))
+        );
+        assert!(reads.families.iter().all(|q| q.server == *server));
+        assert_eq!(reads.raw, None);
+        assert_eq!(&*reads.source_name, "Prometheus http://prom:9090");
+
+        // Learned capacity reads the queue and both token rates, each once, in order.
+        let c = ok(&[
+            ("serverAddress", "http://prom:9090"),
+            ("waitingTarget", "5"),
+            ("capacity", "learned"),
+            ("rateWindow", "2m"),
+        ]);
+        assert_eq!(
+            c.reads().signals,
+            vec![
+                Signal::Waiting,
+                Signal::GenerationTokens,
+                Signal::PromptTokens
+            ]
+        );
+        assert!(c.reads().families[1].query.contains("[120s]"));
+
+        // A raw query reads no family.
+        let c = ok(&[
+            ("serverAddress", "http://prom:9090"),
+            ("query", "sum(x)"),
+            ("queryTarget", "10"),
+        ]);
+        assert!(c.reads().signals.is_empty() && c.reads().families.is_empty());
+        assert_eq!(
+            c.reads().raw.as_ref().map(|q| q.query.as_str()),
+            Some("sum(x)")
+        );
+
+        // A scrape has no query at all.
+        let c = ok(&[("endpoints", "10.0.0.1:8000"), ("runningTarget", "16")]);
+        assert_eq!(c.reads().signals, vec![Signal::Running]);
+        assert!(c.reads().families.is_empty() && c.reads().raw.is_none());
+        assert_eq!(&*c.reads().source_name, "endpoints 10.0.0.1:8000");
     }
 
     #[test]
