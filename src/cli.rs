@@ -1,7 +1,7 @@
 //! The command line: one [`Cli`] with a subcommand per way of running nightshift. Every flag is
 //! also an environment variable. Components own their option groups; this module flattens them.
 
-use std::{collections::HashMap, process::ExitCode, sync::Arc, time::Duration};
+use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 use futures::future::BoxFuture;
@@ -339,7 +339,7 @@ impl DemandSource for ScalerDemand {
         &self,
         namespace: String,
         name: String,
-        metadata: HashMap<String, String>,
+        metadata: scaler::metadata::Table,
     ) -> BoxFuture<'static, Evaluated> {
         let scaler = self.0.clone();
         Box::pin(async move {

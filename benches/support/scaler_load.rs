@@ -3,7 +3,6 @@
 //! two pods per model.
 
 use std::{
-    collections::HashMap,
     net::SocketAddr,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -100,7 +99,7 @@ pub fn prometheus_answer(models: usize) -> String {
 
 /// KEDA's `GetMetrics` for ScaledObject `i`, reading model `i` from the Prometheus at `prom`.
 pub fn request(prom: SocketAddr, i: usize) -> GetMetricsRequest {
-    let meta: HashMap<String, String> = [
+    let meta: nightshift::scaler::metadata::Table = [
         ("serverAddress", format!("http://{prom}")),
         ("model", format!("model-{i}")),
         ("waitingTarget", "2".into()),

@@ -8,7 +8,7 @@
 //! the controller: the API calls run on their own task, checkpoint calls on tasks of their own,
 //! bounded in time and in number.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use futures::future::BoxFuture;
 use jiff::Timestamp;
@@ -72,7 +72,7 @@ pub trait DemandSource: Send + Sync {
         &self,
         namespace: String,
         name: String,
-        metadata: HashMap<String, String>,
+        metadata: crate::scaler::metadata::Table,
     ) -> BoxFuture<'static, Evaluated>;
 }
 
@@ -192,7 +192,7 @@ async fn read_service(
 }
 
 /// A trigger's metadata as strings (KEDA's own rule: every value is a string).
-fn string_map(v: Option<&serde_json::Value>) -> Option<HashMap<String, String>> {
+fn string_map(v: Option<&serde_json::Value>) -> Option<crate::scaler::metadata::Table> {
     v?.as_object()?
         .iter()
         .map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))

@@ -21,7 +21,10 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use super::{Error, metadata::TriggerConfig};
+use super::{
+    Error,
+    metadata::{Table, TriggerConfig},
+};
 
 /// Tables kept per ScaledObject: one per trigger of a ScaledObject with several nightshift
 /// triggers (a handful at most in practice), and the bound on what an edited ScaledObject leaves
@@ -30,7 +33,7 @@ pub const TABLES_PER_OBJECT: usize = 4;
 
 /// A trigger as admitted, with the metadata table it came from.
 struct Entry {
-    raw: HashMap<String, String>,
+    raw: Table,
     config: Arc<TriggerConfig>,
 }
 
@@ -50,7 +53,7 @@ impl Admitted {
         &self,
         namespace: &str,
         name: &str,
-        raw: &HashMap<String, String>,
+        raw: &Table,
         admit: impl FnOnce() -> Result<TriggerConfig, Error>,
     ) -> Result<Arc<TriggerConfig>, Error> {
         if let Some(config) = self.get(namespace, name, raw) {
@@ -77,12 +80,7 @@ impl Admitted {
 
     /// The trigger kept for ScaledObject `namespace/name` if `raw` is a table it was admitted
     /// from (which then becomes its most recently used); `None` otherwise, keeping nothing.
-    pub fn get(
-        &self,
-        namespace: &str,
-        name: &str,
-        raw: &HashMap<String, String>,
-    ) -> Option<Arc<TriggerConfig>> {
+    pub fn get(&self, namespace: &str, name: &str, raw: &Table) -> Option<Arc<TriggerConfig>> {
         let mut entries = self.lock();
         let tables = entries.get_mut(namespace)?.get_mut(name)?;
         let i = tables.iter().position(|e| e.raw == *raw)?;
@@ -127,7 +125,7 @@ mod tests {
     use super::*;
     use crate::scaler::metadata;
 
-    fn table(model: &str) -> HashMap<String, String> {
+    fn table(model: &str) -> Table {
         [
             ("serverAddress", "http://prometheus.monitoring:9090"),
             ("model", model),
@@ -140,7 +138,7 @@ mod tests {
 
     /// `admit` as the scaler runs it, counting its calls.
     fn admit<'a>(
-        raw: &'a HashMap<String, String>,
+        raw: &'a Table,
         calls: &'a Cell<usize>,
     ) -> impl FnOnce() -> Result<TriggerConfig, Error> + 'a {
         move || {

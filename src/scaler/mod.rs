@@ -249,7 +249,7 @@ impl Scaler {
     pub fn admit(
         &self,
         namespace: &str,
-        raw_metadata: &std::collections::HashMap<String, String>,
+        raw_metadata: &metadata::Table,
     ) -> Result<TriggerConfig, Error> {
         let config = metadata::parse(raw_metadata, namespace)?;
         let policy = &self.options.policy;
@@ -266,7 +266,7 @@ impl Scaler {
         &self,
         namespace: &str,
         name: &str,
-        raw_metadata: &std::collections::HashMap<String, String>,
+        raw_metadata: &metadata::Table,
     ) -> Result<(), Error> {
         if self.admitted.get(namespace, name, raw_metadata).is_some() {
             return Ok(());
@@ -279,7 +279,7 @@ impl Scaler {
         &self,
         namespace: &str,
         name: &str,
-        raw_metadata: &std::collections::HashMap<String, String>,
+        raw_metadata: &metadata::Table,
     ) -> Result<Evaluation, Error> {
         let config = self
             .admitted

@@ -6,7 +6,7 @@
 //! endpoints. Adding an endpoint, marking one not ready and removing one make the demand follow;
 //! once no ready endpoint is left the answer is an error, never zero.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 use std::path::Path;
 use std::sync::Mutex;
@@ -97,7 +97,7 @@ async fn scenario(cluster: &Cluster, dir: &Path) -> Result<()> {
     let so = ScaledObjectRef {
         name: "llama".into(),
         namespace: NS.into(),
-        scaler_metadata: HashMap::from([
+        scaler_metadata: BTreeMap::from([
             ("service".to_string(), SERVICE.to_string()),
             ("port".to_string(), "http".to_string()),
             ("model".to_string(), MODEL.to_string()),

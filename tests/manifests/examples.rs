@@ -514,7 +514,7 @@ fn every_example_trigger_names_the_scaler_and_a_target() {
 fn example_scaled_object_metadata_parses_with_the_scalers_parser() {
     let Some(ws) = Workspace::new() else { return };
     for (namespace, name, metadata) in example_scaler_requests(&ws) {
-        let raw: std::collections::HashMap<String, String> = metadata.into_iter().collect();
+        let raw: nightshift::scaler::metadata::Table = metadata.into_iter().collect();
         match nightshift::scaler::metadata::parse(&raw, &namespace) {
             Ok(config) => assert!(
                 config.capacity.is_some(),

@@ -1,7 +1,7 @@
 //! Starts the scaler's real gRPC server on 127.0.0.1:0 and talks to it with the client generated
 //! from the same proto.
 
-use std::{collections::HashMap, net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use nightshift::{
     scaler::{
@@ -167,7 +167,7 @@ pub fn scaled_object(name: &str, metadata: &[(&str, &str)]) -> ScaledObjectRef {
         scaler_metadata: metadata
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect::<HashMap<_, _>>(),
+            .collect(),
     }
 }
 

@@ -9,7 +9,7 @@
 pub mod keys;
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     hash::{Hash, Hasher},
     sync::Arc,
     time::Duration,
@@ -218,6 +218,11 @@ pub struct Forecast {
     pub lead: Duration,
 }
 
+/// A trigger's metadata table as KEDA sends it (`scalerMetadata`), ordered by key: an
+/// evaluation compares the table of each request with the one its trigger was admitted from,
+/// which an ordered map does in one pass, without hashing.
+pub type Table = BTreeMap<String, String>;
+
 /// Invalid metadata: every problem, each naming its key.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[error("invalid scaler metadata: {}", .problems.join("; "))]
@@ -226,10 +231,7 @@ pub struct MetadataError {
 }
 
 /// Parses the metadata of a trigger of the ScaledObject in `scaled_object_namespace`.
-pub fn parse(
-    raw: &HashMap<String, String>,
-    scaled_object_namespace: &str,
-) -> Result<TriggerConfig, MetadataError> {
+pub fn parse(raw: &Table, scaled_object_namespace: &str) -> Result<TriggerConfig, MetadataError> {
     let mut r = Reader::new(raw);
     let common = common(&mut r, scaled_object_namespace);
     let source = source_kind(&mut r).map(|kind| {
@@ -623,7 +625,7 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     /// Keeps the keys of the table, ignores KEDA's own and reports every other.
-    fn new(raw: &'a HashMap<String, String>) -> Self {
+    fn new(raw: &'a Table) -> Self {
         let mut reader = Self {
             map: HashMap::new(),
             problems: Vec::new(),
@@ -800,7 +802,7 @@ fn is_endpoint(s: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn meta(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    fn meta(pairs: &[(&str, &str)]) -> Table {
         pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
