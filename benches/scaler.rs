@@ -14,6 +14,10 @@
 //! The server runs on cores apart from this process (the clients and the Prometheus stand-in)
 //! when the machine has two or more ([`pinning`]); each latency line reports the server's CPU per
 //! call, and a ratio line compares `GetMetrics` with the health floor measured in the same run.
+//! On cores of their own the clients never sleep during the latency runs ([`Awake`]), as the
+//! webhook bench's generator does not: KEDA's operator runs elsewhere, and an answer that finds
+//! a client asleep would charge the server's core the interrupt that wakes it. Each latency line
+//! counts the interrupts the clients' cores received to wake a thread, per call.
 //! The two are timed in alternating phases, `NIGHTSHIFT_BENCH_ROUNDS` (default 3) rounds of
 //! each, summed up by the median over the rounds; with one client, once more interleaved in
 //! blocks of 50 calls (a few milliseconds each, alternating `GetMetrics` and `Check`, the
@@ -38,7 +42,7 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -140,17 +144,60 @@ struct Latency {
     cpu_per_call: f64,
 }
 
+/// Keeps the clients' thread (the bench's runtime runs on one) from sleeping while it lives: a
+/// task that only yields, so that the runtime polls the connection's socket without waiting on
+/// it, and no answer has to wake the clients. Only on cores of the clients' own: sharing the
+/// server's core, it would take the server's time.
+struct Awake(Option<Arc<AtomicBool>>);
+
+impl Awake {
+    fn start(own_cores: bool) -> Self {
+        Self(own_cores.then(|| {
+            let stop = Arc::new(AtomicBool::new(false));
+            let stopped = stop.clone();
+            tokio::spawn(async move {
+                while !stopped.load(Ordering::Relaxed) {
+                    tokio::task::yield_now().await;
+                }
+            });
+            stop
+        }))
+    }
+}
+
+impl Drop for Awake {
+    fn drop(&mut self) {
+        if let Some(stop) = &self.0 {
+            stop.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Interrupts per call that woke a thread on the clients' `cores` between two readings of
+/// [`pinning::wakeups`], as the latency lines print them (nothing when not pinned).
+fn woken(cores: Option<&str>, before: Option<u64>, calls: usize) -> String {
+    match cores.and_then(pinning::wakeups).zip(before) {
+        Some((after, before)) => format!(
+            "; {:.3} interrupts per call to wake the clients",
+            (after - before) as f64 / calls as f64
+        ),
+        None => String::new(),
+    }
+}
+
 async fn latency(
     server: &ScalerProcess,
     channel: &Channel,
     rpc: Rpc,
     concurrency: usize,
+    clients: Option<&str>,
 ) -> Latency {
     let label = match rpc {
         Rpc::GetMetrics(_) => "cached GetMetrics",
         Rpc::HealthCheck => "health Check (transport floor)",
     };
     let cpu_before = process_cpu_seconds(server.id());
+    let wakeups_before = clients.and_then(pinning::wakeups);
     let mut tasks = Vec::new();
     for client in 0..concurrency {
         // All clients share one HTTP/2 connection, as KEDA's operator shares one connection
@@ -172,9 +219,10 @@ async fn latency(
         all.extend(t.await.expect("join"));
     }
     let cpu = process_cpu_seconds(server.id()) - cpu_before;
+    let woken = woken(clients, wakeups_before, all.len());
     all.sort();
     println!(
-        "{label}, {concurrency:>2} concurrent client(s): p50 {:>7.1} µs  p99 {:>7.1} µs  ({} calls; server CPU {:.0} µs per call)",
+        "{label}, {concurrency:>2} concurrent client(s): p50 {:>7.1} µs  p99 {:>7.1} µs  ({} calls; server CPU {:.0} µs per call{woken})",
         percentile(&all, 0.50).as_secs_f64() * 1e6,
         percentile(&all, 0.99).as_secs_f64() * 1e6,
         all.len(),
@@ -233,16 +281,25 @@ async fn in_process(prom: SocketAddr) {
 const BLOCK: usize = 50;
 
 /// One client's `GetMetrics` and `Check` interleaved in blocks of [`BLOCK`] calls: each kind's
-/// sorted latencies and the server CPU seconds its blocks used.
+/// sorted latencies and the server CPU seconds its blocks used, and the interrupts per call that
+/// woke the clients over both ([`woken`]).
 struct Interleaved {
     real: (Vec<Duration>, f64),
     floor: (Vec<Duration>, f64),
+    woken: String,
 }
 
-async fn interleaved(server: &ScalerProcess, channel: &Channel, prom: SocketAddr) -> Interleaved {
+async fn interleaved(
+    server: &ScalerProcess,
+    channel: &Channel,
+    prom: SocketAddr,
+    clients: Option<&str>,
+) -> Interleaved {
+    let wakeups_before = clients.and_then(pinning::wakeups);
     let mut runs = Interleaved {
         real: (Vec::with_capacity(CALLS_PER_RUN), 0.0),
         floor: (Vec::with_capacity(CALLS_PER_RUN), 0.0),
+        woken: String::new(),
     };
     for block in 0..2 * CALLS_PER_RUN / BLOCK {
         let (rpc, (samples, cpu)) = if block % 2 == 0 {
@@ -258,6 +315,7 @@ async fn interleaved(server: &ScalerProcess, channel: &Channel, prom: SocketAddr
         }
         *cpu += process_cpu_seconds(server.id()) - cpu_before;
     }
+    runs.woken = woken(clients, wakeups_before, 2 * CALLS_PER_RUN);
     runs.real.0.sort();
     runs.floor.0.sort();
     runs
@@ -282,12 +340,21 @@ async fn run(pinning: Pinning) {
             .expect("warm");
     }
     let rounds: usize = env_or("NIGHTSHIFT_BENCH_ROUNDS", 3).max(1);
+    let clients = pinning.generator.as_deref();
+    let awake = Awake::start(clients.is_some());
     for concurrency in [1, 64] {
         // Alternating phases, so that a passing disturbance shows as a gap between rounds.
         let (mut p99_ratios, mut cpu_over) = (Vec::new(), Vec::new());
         for round in 1..=rounds {
-            let real = latency(&server, &channel, Rpc::GetMetrics(prom), concurrency).await;
-            let floor = latency(&server, &channel, Rpc::HealthCheck, concurrency).await;
+            let real = latency(
+                &server,
+                &channel,
+                Rpc::GetMetrics(prom),
+                concurrency,
+                clients,
+            )
+            .await;
+            let floor = latency(&server, &channel, Rpc::HealthCheck, concurrency, clients).await;
             let p99_ratio = real.p99.as_secs_f64() / floor.p99.as_secs_f64();
             let over = (real.cpu_per_call - floor.cpu_per_call) * 1e6;
             println!(
@@ -302,11 +369,12 @@ async fn run(pinning: Pinning) {
         // Interleaved with one client only: many clients on one connection queue behind each
         // other's calls, so each call would wait for the same mix and the ratio would read 1.
         if concurrency == 1 {
-            let Interleaved { real, floor } = interleaved(&server, &channel, prom).await;
+            let Interleaved { real, floor, woken } =
+                interleaved(&server, &channel, prom, clients).await;
             let at = |s: &[Duration], p| percentile(s, p).as_secs_f64();
             let per_call = |(s, cpu): &(Vec<Duration>, f64)| cpu / s.len() as f64 * 1e6;
             println!(
-                "  interleaved in blocks of {BLOCK}, 1 client: GetMetrics p50 {:.1} µs p99 {:.1} µs, CPU {:.0} µs per call; Check p50 {:.1} µs p99 {:.1} µs, CPU {:.0} µs per call: p50 {:.2}×, p99 {:.2}× (target ≤ 1.25×), CPU floor + {:.0} µs (target ≤ + 10 µs)",
+                "  interleaved in blocks of {BLOCK}, 1 client: GetMetrics p50 {:.1} µs p99 {:.1} µs, CPU {:.0} µs per call; Check p50 {:.1} µs p99 {:.1} µs, CPU {:.0} µs per call: p50 {:.2}×, p99 {:.2}× (target ≤ 1.25×), CPU floor + {:.0} µs (target ≤ + 10 µs){woken}",
                 at(&real.0, 0.50) * 1e6,
                 at(&real.0, 0.99) * 1e6,
                 per_call(&real),
@@ -324,6 +392,7 @@ async fn run(pinning: Pinning) {
             median(cpu_over),
         );
     }
+    drop(awake);
     println!(
         "RSS after latency runs: {:.1} MiB",
         rss_kib(server.id()) as f64 / 1024.0
@@ -376,7 +445,9 @@ fn main() {
     // Before any thread starts: this process (clients, Prometheus stand-in) keeps to the
     // generator's cores; the scaler is started on the server's.
     Pinning::pin_self(pinning.generator.as_deref());
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // One thread: the clients, and the task that keeps them awake ([`Awake`]), share it, so
+    // that no thread of theirs waits for the core while another spins.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");

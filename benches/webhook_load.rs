@@ -26,7 +26,7 @@
 //! `cargo bench --bench webhook` times it in a hot loop.
 //!
 //! When the generator has cores of its own, each run also counts the interrupts those cores
-//! received to wake a sleeping thread, per request ([`generator::wakeups`]): none for the bench's
+//! received to wake a sleeping thread, per request ([`pinning::wakeups`]): none for the bench's
 //! generator, which never sleeps; what a sleeping generator makes the server pay for otherwise.
 //!
 //! `NIGHTSHIFT_BENCH_ROUNDS` (default 1) repeats phase 1. Rounds and pairs alternate which of
@@ -423,7 +423,7 @@ struct ServerUsage {
     /// The webhook's reviews so far and their summed time, from its own histogram.
     reviews: u64,
     review_seconds: f64,
-    /// Interrupts the generator's cores received to wake a thread ([`generator::wakeups`]).
+    /// Interrupts the generator's cores received to wake a thread ([`pinning::wakeups`]).
     wakeups: Option<u64>,
 }
 
@@ -456,7 +456,7 @@ impl ServerUsage {
         let start = Self {
             reviews,
             review_seconds,
-            wakeups: generator_cores.and_then(generator::wakeups),
+            wakeups: generator_cores.and_then(pinning::wakeups),
             ..Self::default()
         };
         let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
@@ -526,7 +526,7 @@ struct ServerShare {
     /// Times the server threads slept, per answered request.
     sleeps_per_request: f64,
     /// Interrupts sent to the generator's cores to wake it, per answered request
-    /// ([`generator::wakeups`]); `None` when the generator is not on cores of its own.
+    /// ([`pinning::wakeups`]); `None` when the generator is not on cores of its own.
     wakeups_per_request: Option<f64>,
     /// The review's mean time in the server ([`ServerUsage::review_mean`]).
     review_mean: Option<f64>,

@@ -96,3 +96,46 @@ impl Pinning {
         }
     }
 }
+
+/// Interrupts the cores in `cores` (a `taskset` list: `1`, `8-15`) have received to wake a
+/// thread so far: rescheduling and function-call interrupts, from `/proc/interrupts`. Sent
+/// mostly by the server's cores when an answer finds a generator thread asleep. `None` where
+/// the file cannot be read.
+pub fn wakeups(cores: &str) -> Option<u64> {
+    let wanted = parse_cores(cores)?;
+    let text = std::fs::read_to_string("/proc/interrupts").ok()?;
+    let mut lines = text.lines();
+    // The header names the columns: `CPU0 CPU1 …`, online CPUs only.
+    let columns: Vec<usize> = lines
+        .next()?
+        .split_whitespace()
+        .map(|c| c.strip_prefix("CPU")?.parse().ok())
+        .collect::<Option<_>>()?;
+    let mut sum = 0;
+    for line in lines {
+        let mut fields = line.split_whitespace();
+        if !matches!(fields.next(), Some("RES:" | "CAL:")) {
+            continue;
+        }
+        for (cpu, count) in columns.iter().zip(fields) {
+            if wanted.contains(cpu) {
+                sum += count.parse::<u64>().ok()?;
+            }
+        }
+    }
+    Some(sum)
+}
+
+/// The cores of a `taskset` list made of numbers and ranges (`1`, `8-15`, `0,2-3`).
+fn parse_cores(list: &str) -> Option<Vec<usize>> {
+    let mut cores = Vec::new();
+    for part in list.split(',') {
+        match part.split_once('-') {
+            Some((from, to)) => {
+                cores.extend(from.trim().parse::<usize>().ok()?..=to.trim().parse().ok()?)
+            }
+            None => cores.push(part.trim().parse().ok()?),
+        }
+    }
+    Some(cores)
+}
