@@ -59,21 +59,64 @@ pub struct Labels {
 
 /// A PromQL query on one server: what the query cache is keyed by. A trigger's are built once,
 /// when its metadata is read ([`family_query`] for each signal, or its raw `query`), so that an
-/// evaluation answered from the cache builds no text and copies no key.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// evaluation answered from the cache builds no text and copies no key. Its hash is taken once
+/// too: the server's settings and the query's text are a few hundred bytes, hashed on every
+/// lookup otherwise.
+#[derive(Clone, Debug)]
 pub struct ServerQuery {
-    pub server: Server,
-    pub query: String,
+    server: Server,
+    query: String,
+    /// The hash of (`server`, `query`) with this process's random keys ([`hash_keys`]), so that
+    /// ScaledObject authors, who choose both, cannot aim collisions at the cache.
+    hash: u64,
 }
 
 impl ServerQuery {
-    /// `signal`'s [`family_query`] on `server`, token rates taken over `rate_window`.
-    pub fn family(server: &Server, labels: &Labels, signal: Signal, rate_window: Duration) -> Self {
+    /// `query` on `server`.
+    pub fn new(server: Server, query: String) -> Self {
+        let hash = std::hash::BuildHasher::hash_one(hash_keys(), (&server, &query));
         Self {
-            server: server.clone(),
-            query: family_query(signal, labels, &promql_duration(rate_window)),
+            server,
+            query,
+            hash,
         }
     }
+
+    /// `signal`'s [`family_query`] on `server`, token rates taken over `rate_window`.
+    pub fn family(server: &Server, labels: &Labels, signal: Signal, rate_window: Duration) -> Self {
+        Self::new(
+            server.clone(),
+            family_query(signal, labels, &promql_duration(rate_window)),
+        )
+    }
+
+    pub fn server(&self) -> &Server {
+        &self.server
+    }
+
+    pub fn query(&self) -> &str {
+        &self.query
+    }
+}
+
+impl PartialEq for ServerQuery {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.query == other.query && self.server == other.server
+    }
+}
+
+impl Eq for ServerQuery {}
+
+impl std::hash::Hash for ServerQuery {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// The keys [`ServerQuery`]'s hash is taken with: random, drawn once per process.
+fn hash_keys() -> &'static std::hash::RandomState {
+    static KEYS: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
+    KEYS.get_or_init(std::hash::RandomState::new)
 }
 
 /// Builds the selector `metric{k="v",...}` with escaped values.
@@ -173,19 +216,19 @@ impl PrometheusSource {
         // the cache has no fresh answer, not on every call it answers.
         self.families
             .get_or_fetch(query, || {
-                let client = self.client(&query.server);
+                let client = self.client(query.server());
                 let (metrics, query, labels) =
                     (self.metrics.clone(), query.clone(), labels.clone());
                 async move {
                     let data = run_query(
                         &client?,
-                        &query.server,
-                        &query.query,
+                        query.server(),
+                        query.query(),
                         &metrics,
                         signal.family(),
                     )
                     .await?;
-                    index_from(&query.server, &labels, data)
+                    index_from(query.server(), &labels, data)
                 }
             })
             .await
@@ -195,12 +238,13 @@ impl PrometheusSource {
     pub async fn raw_query(&self, query: &ServerQuery) -> Result<Arc<Option<f64>>, SourceError> {
         self.raw
             .get_or_fetch(query, || {
-                let client = self.client(&query.server);
+                let client = self.client(query.server());
                 let (metrics, query) = (self.metrics.clone(), query.clone());
                 async move {
                     let data =
-                        run_query(&client?, &query.server, &query.query, &metrics, "query").await?;
-                    single_value(&query.server, &query.query, data)
+                        run_query(&client?, query.server(), query.query(), &metrics, "query")
+                            .await?;
+                    single_value(query.server(), query.query(), data)
                 }
             })
             .await
@@ -448,6 +492,28 @@ mod tests {
             family_query(Signal::PromptTokens, &l, "90s"),
             r#"sum by (namespace, model_name, pod) (rate(vllm:prompt_tokens_total{job="vllm \"x\""}[90s]))"#
         );
+    }
+
+    #[test]
+    fn a_query_key_is_equal_to_the_same_query_on_the_same_server_only() {
+        let server = |address: &str| Server {
+            address: address.into(),
+            auth: Auth::None,
+            headers: Vec::new(),
+            ca_cert: None,
+            unsafe_ssl: false,
+            timeout: Duration::from_secs(3),
+        };
+        let key = |address: &str, query: &str| ServerQuery::new(server(address), query.into());
+        let a = key("http://prom:9090", "up");
+        let mut cache = std::collections::HashMap::new();
+        cache.insert(a.clone(), 1);
+        assert_eq!(cache.get(&key("http://prom:9090", "up")), Some(&1));
+        assert_eq!(cache.get(&key("http://prom:9090", "down")), None);
+        assert_eq!(cache.get(&key("http://thanos:9090", "up")), None);
+        let mut bearer = server("http://prom:9090");
+        bearer.auth = Auth::Bearer("t".into());
+        assert_ne!(ServerQuery::new(bearer, "up".into()), a);
     }
 
     #[test]

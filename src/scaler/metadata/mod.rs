@@ -146,10 +146,7 @@ impl Reads {
                     .iter()
                     .map(|&signal| ServerQuery::family(server, labels, signal, rate_window))
                     .collect(),
-                query.map(|q| ServerQuery {
-                    server: server.clone(),
-                    query: q.query.clone(),
-                }),
+                query.map(|q| ServerQuery::new(server.clone(), q.query.clone())),
                 format!("Prometheus {}", server.address),
             ),
             Source::Scrape(target) => (Vec::new(), None, target.describe()),
@@ -939,13 +936,13 @@ mod tests {
         let Source::Prometheus { server, labels } = &c.source else {
             panic!("expected Prometheus");
         };
-        let queries: Vec<&str> = reads.families.iter().map(|q| q.query.as_str()).collect();
+        let queries: Vec<&str> = reads.families.iter().map(ServerQuery::query).collect();
         assert_eq!(
             queries,
             [Signal::Waiting, Signal::KvCache]
                 .map(|s| crate::sources::prometheus::family_query(s, labels, "60s"))
         );
-        assert!(reads.families.iter().all(|q| q.server == *server));
+        assert!(reads.families.iter().all(|q| q.server() == server));
         assert_eq!(reads.raw, None);
         assert_eq!(&*reads.source_name, "Prometheus http://prom:9090");
 
@@ -964,7 +961,7 @@ mod tests {
                 Signal::PromptTokens
             ]
         );
-        assert!(c.reads().families[1].query.contains("[120s]"));
+        assert!(c.reads().families[1].query().contains("[120s]"));
 
         // A raw query reads no family.
         let c = ok(&[
@@ -974,7 +971,7 @@ mod tests {
         ]);
         assert!(c.reads().signals.is_empty() && c.reads().families.is_empty());
         assert_eq!(
-            c.reads().raw.as_ref().map(|q| q.query.as_str()),
+            c.reads().raw.as_ref().map(ServerQuery::query),
             Some("sum(x)")
         );
 
