@@ -14,9 +14,9 @@
 //! The server runs on cores apart from this process (the clients and the Prometheus stand-in)
 //! when the machine has two or more ([`pinning`]); each latency line reports the server's CPU per
 //! call, and a ratio line compares `GetMetrics` with the health floor measured in the same run.
-//! On cores of their own the clients never sleep during the latency runs ([`Awake`]), as the
-//! webhook bench's generator does not: KEDA's operator runs elsewhere, and an answer that finds
-//! a client asleep would charge the server's core the interrupt that wakes it. Each latency line
+//! On cores of their own the clients never sleep during the latency runs ([`Awake`]), like the
+//! webhook bench's generator: KEDA's operator runs elsewhere, and an answer that finds a client
+//! asleep would charge the server's core the interrupt that wakes it. Each latency line
 //! counts the interrupts the clients' cores received to wake a thread, per call.
 //! The two are timed in alternating phases, `NIGHTSHIFT_BENCH_ROUNDS` (default 3) rounds of
 //! each, summed up by the median over the rounds; with one client, once more interleaved in
@@ -34,7 +34,7 @@ mod scaler_load;
 #[path = "support/stats.rs"]
 mod stats;
 
-use pinning::Pinning;
+use pinning::{Awake, Pinning};
 use scaler_load::{ScalerProcess, request, start_scaler};
 use stats::{env_or, median, percentile};
 use std::{
@@ -42,7 +42,7 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
+        atomic::{AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -142,35 +142,6 @@ struct Latency {
     p99: Duration,
     /// Server CPU seconds per call.
     cpu_per_call: f64,
-}
-
-/// Keeps the clients' thread (the bench's runtime runs on one) from sleeping while it lives: a
-/// task that only yields, so that the runtime polls the connection's socket without waiting on
-/// it, and no answer has to wake the clients. Only on cores of the clients' own: sharing the
-/// server's core, it would take the server's time.
-struct Awake(Option<Arc<AtomicBool>>);
-
-impl Awake {
-    fn start(own_cores: bool) -> Self {
-        Self(own_cores.then(|| {
-            let stop = Arc::new(AtomicBool::new(false));
-            let stopped = stop.clone();
-            tokio::spawn(async move {
-                while !stopped.load(Ordering::Relaxed) {
-                    tokio::task::yield_now().await;
-                }
-            });
-            stop
-        }))
-    }
-}
-
-impl Drop for Awake {
-    fn drop(&mut self) {
-        if let Some(stop) = &self.0 {
-            stop.store(true, Ordering::Relaxed);
-        }
-    }
 }
 
 /// Interrupts per call that woke a thread on the clients' `cores` between two readings of

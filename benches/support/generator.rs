@@ -23,7 +23,7 @@ use axum::body::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 
-use super::{CONNECTIONS, stats::percentile};
+use super::{CONNECTIONS, pinning::Awake, stats::percentile};
 
 /// How the generator loads the server.
 #[derive(Clone, Copy, Debug)]
@@ -221,13 +221,7 @@ async fn drive(
     started: Instant,
 ) -> (Vec<Duration>, u64) {
     let deadline = started + Duration::from_secs(load.secs);
-    let awake = awake.then(|| {
-        tokio::spawn(async move {
-            while Instant::now() < deadline {
-                tokio::task::yield_now().await;
-            }
-        })
-    });
+    let awake = Awake::start(awake);
     // At a fixed rate each connection sends every `CONNECTIONS / rate`, the connections' ticks
     // spread over one period.
     let period = load
@@ -254,9 +248,7 @@ async fn drive(
         all.extend(latencies);
         errors += e;
     }
-    if let Some(awake) = awake {
-        let _ = awake.await;
-    }
+    drop(awake);
     (all, errors)
 }
 

@@ -8,7 +8,13 @@
 //! unsafe code, and `taskset` needs no new dependency. On one core, or without `taskset`, nothing
 //! is pinned and [`Pinning::describe`] says so.
 
-use std::process::Command;
+use std::{
+    process::Command,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
 
 /// The cores of the server and of the load generator, as `taskset` lists (`0`, `0-7`).
 #[derive(Clone, Debug)]
@@ -138,4 +144,35 @@ fn parse_cores(list: &str) -> Option<Vec<usize>> {
         }
     }
     Some(cores)
+}
+
+/// Keeps the current thread's tokio runtime from sleeping while it lives: a task that only
+/// yields, so that the runtime polls its sockets without waiting on them, and no answer has to
+/// wake the thread with an interrupt sent from the server's core (see [`wakeups`]). Only on
+/// cores of the generator's own (`own_cores`): sharing the server's core, it would take the
+/// server's time. Start it on a runtime whose one thread runs the load beside it, so that no
+/// thread of the load waits for the core while this one spins.
+pub struct Awake(Option<Arc<AtomicBool>>);
+
+impl Awake {
+    pub fn start(own_cores: bool) -> Self {
+        Self(own_cores.then(|| {
+            let stop = Arc::new(AtomicBool::new(false));
+            let stopped = stop.clone();
+            tokio::spawn(async move {
+                while !stopped.load(Ordering::Relaxed) {
+                    tokio::task::yield_now().await;
+                }
+            });
+            stop
+        }))
+    }
+}
+
+impl Drop for Awake {
+    fn drop(&mut self) {
+        if let Some(stop) = &self.0 {
+            stop.store(true, Ordering::Relaxed);
+        }
+    }
 }
