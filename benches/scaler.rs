@@ -19,11 +19,17 @@
 //! asleep would charge the server's core the interrupt that wakes it. Each latency line
 //! counts the interrupts the clients' cores received to wake a thread, per call.
 //! The two are timed in alternating phases, `NIGHTSHIFT_BENCH_ROUNDS` (default 3) rounds of
-//! each, summed up by the median over the rounds; with one client, once more interleaved in
-//! blocks of 50 calls (a few milliseconds each, alternating `GetMetrics` and `Check`, the
-//! server's CPU read between blocks), so that a disturbance or a change of the machine's speed
-//! meets both alike and the ratios read the calls, not the moment. The server's CPU is the
+//! each, summed up by the median over the rounds; then once more interleaved in blocks
+//! (alternating `GetMetrics` and `Check`: one client 50 calls in a row, 64 clients 10 calls each,
+//! all switching together; a few milliseconds to a few tens each, the server's CPU read between
+//! blocks), so that a disturbance or a change of the machine's speed meets both alike and the
+//! ratios read the calls, not the moment. The server's CPU is the
 //! scheduler's nanosecond count (`cpu_time.rs`).
+//!
+//! `cargo bench --bench scaler -- --only GetMetrics|Check SECONDS` runs instead 64 clients making
+//! that one kind of call for that long, and prints the server's process id, the calls made and
+//! the server's CPU per call: a steady load of one kind for a profiler recording the server's
+//! core (`perf record -C 0`).
 
 #[path = "support/cpu_time.rs"]
 mod cpu_time;
@@ -118,6 +124,14 @@ enum Rpc {
 }
 
 impl Rpc {
+    /// The call's name.
+    fn name(&self) -> &'static str {
+        match self {
+            Self::GetMetrics(_) => "GetMetrics",
+            Self::HealthCheck => "Check",
+        }
+    }
+
     async fn call(&self, channel: &Channel, client: usize) {
         match self {
             Self::GetMetrics(prom) => {
@@ -246,50 +260,192 @@ async fn in_process(prom: SocketAddr) {
     );
 }
 
-/// Calls of one kind in a row in the interleaved run: short enough (a few milliseconds) that a
-/// change in the machine's speed meets both kinds alike, long enough that reading the server's
-/// CPU between blocks (a few `/proc` reads, on the client's core) is not what is measured.
+/// One client's calls of one kind in a row in the interleaved run: short enough (a few
+/// milliseconds) that a change in the machine's speed meets both kinds alike, long enough that
+/// reading the server's CPU between blocks (a few `/proc` reads, on the client's core) is not
+/// what is measured.
 const BLOCK: usize = 50;
 
-/// One client's `GetMetrics` and `Check` interleaved in blocks of [`BLOCK`] calls: each kind's
-/// sorted latencies and the server CPU seconds its blocks used, and the interrupts per call that
-/// woke the clients over both ([`woken`]).
+/// Each client's calls of one kind in a row when many clients are interleaved: all of them
+/// switch kind together, so a block is a queue of one kind only; ten calls each make a block of
+/// 640 calls with 64 clients (a few tens of milliseconds), mostly the steady queue rather than
+/// its filling at the start and its draining at the end.
+const BLOCK_PER_CLIENT: usize = 10;
+
+/// `GetMetrics` and `Check` interleaved in blocks: each kind's sorted latencies and the server
+/// CPU seconds its blocks used, and the interrupts per call that woke the clients over both
+/// ([`woken`]).
 struct Interleaved {
     real: (Vec<Duration>, f64),
     floor: (Vec<Duration>, f64),
     woken: String,
 }
 
+/// `concurrency` clients calling `GetMetrics` and `Check` in alternating blocks: one client
+/// [`BLOCK`] calls in a row, many clients [`BLOCK_PER_CLIENT`] calls each, started together and
+/// all finished before the next block starts. As many calls of each kind as a phase of
+/// [`latency`] makes.
 async fn interleaved(
     server: &ScalerProcess,
     channel: &Channel,
     prom: SocketAddr,
+    concurrency: usize,
     clients: Option<&str>,
 ) -> Interleaved {
+    let per_client = if concurrency == 1 {
+        BLOCK
+    } else {
+        BLOCK_PER_CLIENT
+    };
+    let calls = (CALLS_PER_RUN / concurrency).max(200) * concurrency;
     let wakeups_before = clients.and_then(pinning::wakeups);
     let mut runs = Interleaved {
-        real: (Vec::with_capacity(CALLS_PER_RUN), 0.0),
-        floor: (Vec::with_capacity(CALLS_PER_RUN), 0.0),
+        real: (Vec::with_capacity(calls), 0.0),
+        floor: (Vec::with_capacity(calls), 0.0),
         woken: String::new(),
     };
-    for block in 0..2 * CALLS_PER_RUN / BLOCK {
+    for block in 0..2 * calls / (per_client * concurrency) {
         let (rpc, (samples, cpu)) = if block % 2 == 0 {
             (Rpc::GetMetrics(prom), &mut runs.real)
         } else {
             (Rpc::HealthCheck, &mut runs.floor)
         };
         let cpu_before = process_cpu_seconds(server.id());
-        for _ in 0..BLOCK {
-            let started = Instant::now();
-            rpc.call(channel, 0).await;
-            samples.push(started.elapsed());
+        let tasks: Vec<_> = (0..concurrency)
+            .map(|client| {
+                let (channel, rpc) = (channel.clone(), rpc.clone());
+                tokio::spawn(async move {
+                    let mut samples = Vec::with_capacity(per_client);
+                    for _ in 0..per_client {
+                        let started = Instant::now();
+                        rpc.call(&channel, client).await;
+                        samples.push(started.elapsed());
+                    }
+                    samples
+                })
+            })
+            .collect();
+        for t in tasks {
+            samples.extend(t.await.expect("join"));
         }
         *cpu += process_cpu_seconds(server.id()) - cpu_before;
     }
-    runs.woken = woken(clients, wakeups_before, 2 * CALLS_PER_RUN);
+    runs.woken = woken(clients, wakeups_before, 2 * calls);
     runs.real.0.sort();
     runs.floor.0.sort();
     runs
+}
+
+/// Prints the interleaved run's figures and ratios.
+fn report_interleaved(concurrency: usize, runs: &Interleaved) {
+    let Interleaved { real, floor, woken } = runs;
+    let at = |s: &[Duration], p| percentile(s, p).as_secs_f64();
+    let per_call = |(s, cpu): &(Vec<Duration>, f64)| cpu / s.len() as f64 * 1e6;
+    let block = if concurrency == 1 {
+        format!("blocks of {BLOCK}, 1 client")
+    } else {
+        format!("blocks of {BLOCK_PER_CLIENT} per client, {concurrency} clients")
+    };
+    println!(
+        "  interleaved in {block}: GetMetrics p50 {:.1} µs p99 {:.1} µs, CPU {:.0} µs per call; Check p50 {:.1} µs p99 {:.1} µs, CPU {:.0} µs per call: p50 {:.2}×, p99 {:.2}× (target ≤ 1.25×), CPU floor + {:.0} µs (target ≤ + 10 µs){woken}",
+        at(&real.0, 0.50) * 1e6,
+        at(&real.0, 0.99) * 1e6,
+        per_call(real),
+        at(&floor.0, 0.50) * 1e6,
+        at(&floor.0, 0.99) * 1e6,
+        per_call(floor),
+        at(&real.0, 0.50) / at(&floor.0, 0.50),
+        at(&real.0, 0.99) / at(&floor.0, 0.99),
+        per_call(real) - per_call(floor),
+    );
+}
+
+/// One `GetMetrics` for each of the 64 clients' ScaledObjects, so that every later call is
+/// answered from the scaler's cache.
+async fn warm(channel: &Channel, prom: SocketAddr) {
+    for i in 0..64 {
+        ExternalScalerClient::new(channel.clone())
+            .get_metrics(request(prom, i))
+            .await
+            .expect("warm");
+    }
+}
+
+/// What `--only KIND SECONDS` asks for (after `--bench`): calls of one kind only, from 64
+/// clients for that long, so that a profiler recording the server's cores sees one kind
+/// (docs/performance.md, "What a call adds in the server").
+struct Only {
+    get_metrics: bool,
+    seconds: u64,
+}
+
+impl Only {
+    /// `--only` and its two values in `args`; `None` without it, an error when they are not
+    /// `GetMetrics` or `Check` and a number of seconds.
+    fn from_args(args: &[String]) -> Option<Result<Self, String>> {
+        let at = args.iter().position(|a| a == "--only")?;
+        let (kind, seconds) = (args.get(at + 1), args.get(at + 2));
+        let seconds = seconds.and_then(|s| s.parse().ok()).filter(|&s| s > 0);
+        Some(match (kind.map(String::as_str), seconds) {
+            (Some("GetMetrics"), Some(seconds)) => Ok(Only {
+                get_metrics: true,
+                seconds,
+            }),
+            (Some("Check"), Some(seconds)) => Ok(Only {
+                get_metrics: false,
+                seconds,
+            }),
+            _ => Err("usage: --only GetMetrics|Check SECONDS".to_string()),
+        })
+    }
+}
+
+/// 64 clients making one kind of call for `only.seconds`: the calls made, the server's CPU per
+/// call, and its process id (for a profiler attached to it).
+async fn only(pinning: Pinning, only: Only) {
+    nightshift::install_crypto_provider();
+    println!("{}", pinning.describe());
+    let prom = fake_prometheus(Arc::new(AtomicUsize::new(0))).await;
+    let (server, channel) = start_server("1h", prom, pinning.server.as_deref()).await;
+    warm(&channel, prom).await;
+    let rpc = if only.get_metrics {
+        Rpc::GetMetrics(prom)
+    } else {
+        Rpc::HealthCheck
+    };
+    let clients = 64;
+    println!(
+        "scaler pid {}: {clients} clients, {} only, {} s",
+        server.id(),
+        rpc.name(),
+        only.seconds
+    );
+    let _awake = Awake::start(pinning.generator.is_some());
+    let cpu_before = process_cpu_seconds(server.id());
+    let deadline = Instant::now() + Duration::from_secs(only.seconds);
+    let tasks: Vec<_> = (0..clients)
+        .map(|client| {
+            let (channel, rpc) = (channel.clone(), rpc.clone());
+            tokio::spawn(async move {
+                let mut calls = 0_u64;
+                while Instant::now() < deadline {
+                    rpc.call(&channel, client).await;
+                    calls += 1;
+                }
+                calls
+            })
+        })
+        .collect();
+    let mut calls = 0;
+    for t in tasks {
+        calls += t.await.expect("join");
+    }
+    let cpu = process_cpu_seconds(server.id()) - cpu_before;
+    println!(
+        "{calls} calls ({:.0} per second), server CPU {:.1} µs per call",
+        calls as f64 / only.seconds as f64,
+        cpu / calls as f64 * 1e6
+    );
 }
 
 async fn run(pinning: Pinning) {
@@ -304,12 +460,7 @@ async fn run(pinning: Pinning) {
     let (server, channel) = start_server("1h", prom, server_cores).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     println!("idle RSS: {:.1} MiB", rss_kib(server.id()) as f64 / 1024.0);
-    for i in 0..64 {
-        ExternalScalerClient::new(channel.clone())
-            .get_metrics(request(prom, i))
-            .await
-            .expect("warm");
-    }
+    warm(&channel, prom).await;
     let rounds: usize = env_or("NIGHTSHIFT_BENCH_ROUNDS", 3).max(1);
     let clients = pinning.generator.as_deref();
     let awake = Awake::start(clients.is_some());
@@ -337,26 +488,8 @@ async fn run(pinning: Pinning) {
             p99_ratios.push(p99_ratio);
             cpu_over.push(over);
         }
-        // Interleaved with one client only: many clients on one connection queue behind each
-        // other's calls, so each call would wait for the same mix and the ratio would read 1.
-        if concurrency == 1 {
-            let Interleaved { real, floor, woken } =
-                interleaved(&server, &channel, prom, clients).await;
-            let at = |s: &[Duration], p| percentile(s, p).as_secs_f64();
-            let per_call = |(s, cpu): &(Vec<Duration>, f64)| cpu / s.len() as f64 * 1e6;
-            println!(
-                "  interleaved in blocks of {BLOCK}, 1 client: GetMetrics p50 {:.1} µs p99 {:.1} µs, CPU {:.0} µs per call; Check p50 {:.1} µs p99 {:.1} µs, CPU {:.0} µs per call: p50 {:.2}×, p99 {:.2}× (target ≤ 1.25×), CPU floor + {:.0} µs (target ≤ + 10 µs){woken}",
-                at(&real.0, 0.50) * 1e6,
-                at(&real.0, 0.99) * 1e6,
-                per_call(&real),
-                at(&floor.0, 0.50) * 1e6,
-                at(&floor.0, 0.99) * 1e6,
-                per_call(&floor),
-                at(&real.0, 0.50) / at(&floor.0, 0.50),
-                at(&real.0, 0.99) / at(&floor.0, 0.99),
-                per_call(&real) - per_call(&floor),
-            );
-        }
+        let runs = interleaved(&server, &channel, prom, concurrency, clients).await;
+        report_interleaved(concurrency, &runs);
         println!(
             "  median of {rounds} round(s), {concurrency} client(s): p99 {:.2}×, CPU per call floor + {:.0} µs",
             median(p99_ratios),
@@ -408,10 +541,18 @@ async fn run(pinning: Pinning) {
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this binary without it,
     // and a benchmark is not a test: do nothing then.
-    if !std::env::args().any(|a| a == "--bench") {
+    let args: Vec<String> = std::env::args().collect();
+    if !args.iter().any(|a| a == "--bench") {
         println!("scaler benchmark: run it with `cargo bench --bench scaler`");
         return;
     }
+    let only_one = match Only::from_args(&args).transpose() {
+        Ok(only_one) => only_one,
+        Err(usage) => {
+            eprintln!("{usage}");
+            std::process::exit(2);
+        }
+    };
     let pinning = Pinning::split();
     // Before any thread starts: this process (clients, Prometheus stand-in) keeps to the
     // generator's cores; the scaler is started on the server's.
@@ -422,5 +563,8 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    runtime.block_on(run(pinning));
+    match only_one {
+        Some(one) => runtime.block_on(only(pinning, one)),
+        None => runtime.block_on(run(pinning)),
+    }
 }
