@@ -48,6 +48,18 @@ where
         }
     }
 
+    /// The outcome for `key` when its fetch has finished and is still fresh: what
+    /// [`Coalescer::get_or_fetch`] would answer at once, here without a future to await;
+    /// `None` when that would wait for a fetch or start one.
+    pub fn fresh(&self, key: &K) -> Option<Result<Arc<V>, SourceError>> {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = slots.get(key)?;
+        if Instant::now().duration_since(slot.started) >= self.ttl {
+            return None;
+        }
+        slot.fetch.peek().cloned()
+    }
+
     /// Returns the fresh or in-flight outcome for `key`, or starts `fetch` and shares it.
     pub async fn get_or_fetch<F, Fut>(&self, key: &K, fetch: F) -> Result<Arc<V>, SourceError>
     where
@@ -118,6 +130,51 @@ mod tests {
             assert_eq!(*t.await.expect("joined").expect("fetched"), 7);
         }
         assert_eq!(fetches.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn only_a_finished_fresh_outcome_is_answered_at_once() {
+        let cache = Arc::new(Coalescer::<&str, u32>::new(Duration::from_secs(60)));
+        assert!(cache.fresh(&"k").is_none(), "nothing fetched yet");
+        let (release, mut gate) = tokio::sync::watch::channel(false);
+        let fetching = cache.clone();
+        let in_flight = tokio::spawn(async move {
+            let fetched = fetching
+                .get_or_fetch(&"k", || async move {
+                    let _ = gate.wait_for(|open| *open).await;
+                    Ok(7)
+                })
+                .await;
+            *fetched.expect("fetched")
+        });
+        tokio::task::yield_now().await;
+        assert!(cache.fresh(&"k").is_none(), "still in flight");
+        release.send(true).expect("the fetch waits");
+        assert_eq!(in_flight.await.expect("joined"), 7);
+        assert_eq!(*cache.fresh(&"k").expect("finished").expect("ok"), 7);
+
+        // A cached error is answered as the error it is, until it is no longer fresh.
+        let short = Coalescer::<&str, u32>::new(Duration::from_millis(50));
+        let down = SourceError::Unavailable {
+            upstream: "x".into(),
+            detail: "down".into(),
+        };
+        let failed = down.clone();
+        assert!(
+            short
+                .get_or_fetch(&"k", || async move { Err(failed) })
+                .await
+                .is_err()
+        );
+        match short.fresh(&"k") {
+            Some(Err(e)) => assert_eq!(e, down),
+            other => panic!("the cached error, not {other:?}"),
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while short.fresh(&"k").is_some() {
+            assert!(Instant::now() < deadline, "the error stayed fresh");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     #[tokio::test]

@@ -234,6 +234,15 @@ impl PrometheusSource {
             .await
     }
 
+    /// The family's index for `query` when the cache holds a finished answer that is still
+    /// fresh; `None` when [`PrometheusSource::family`] would wait for a query or send one.
+    pub fn fresh_family(
+        &self,
+        query: &ServerQuery,
+    ) -> Option<Result<Arc<FamilyIndex>, SourceError>> {
+        self.families.fresh(query)
+    }
+
     /// A raw PromQL query that must return at most one element; `None` when it returned none.
     pub async fn raw_query(&self, query: &ServerQuery) -> Result<Arc<Option<f64>>, SourceError> {
         self.raw
