@@ -170,6 +170,17 @@ fn woken(cores: Option<&str>, before: Option<u64>, calls: usize) -> String {
     }
 }
 
+/// `calls` calls of `client` in a row, each one's round trip.
+async fn timed(rpc: Rpc, channel: Channel, client: usize, calls: usize) -> Vec<Duration> {
+    let mut samples = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let started = Instant::now();
+        rpc.call(&channel, client).await;
+        samples.push(started.elapsed());
+    }
+    samples
+}
+
 async fn latency(
     server: &ScalerProcess,
     channel: &Channel,
@@ -188,16 +199,8 @@ async fn latency(
         // All clients share one HTTP/2 connection, as KEDA's operator shares one connection
         // among the ScaledObjects that name the same scalerAddress and TLS settings.
         let (channel, rpc) = (channel.clone(), rpc.clone());
-        tasks.push(tokio::spawn(async move {
-            let calls = (CALLS_PER_RUN / concurrency).max(200);
-            let mut samples = Vec::with_capacity(calls);
-            for _ in 0..calls {
-                let started = Instant::now();
-                rpc.call(&channel, client).await;
-                samples.push(started.elapsed());
-            }
-            samples
-        }));
+        let calls = (CALLS_PER_RUN / concurrency).max(200);
+        tasks.push(tokio::spawn(timed(rpc, channel, client, calls)));
     }
     let mut all = Vec::new();
     for t in tasks {
@@ -312,18 +315,7 @@ async fn interleaved(
         };
         let cpu_before = process_cpu_seconds(server.id());
         let tasks: Vec<_> = (0..concurrency)
-            .map(|client| {
-                let (channel, rpc) = (channel.clone(), rpc.clone());
-                tokio::spawn(async move {
-                    let mut samples = Vec::with_capacity(per_client);
-                    for _ in 0..per_client {
-                        let started = Instant::now();
-                        rpc.call(&channel, client).await;
-                        samples.push(started.elapsed());
-                    }
-                    samples
-                })
-            })
+            .map(|client| tokio::spawn(timed(rpc.clone(), channel.clone(), client, per_client)))
             .collect();
         for t in tasks {
             samples.extend(t.await.expect("join"));
