@@ -550,12 +550,7 @@ impl Scaler {
             }
         }
     }
-}
 
-/// Each signal read, with its aggregate (`None`: no series for the selection).
-type Readings = Vec<(Signal, Option<crate::sources::Aggregate>)>;
-
-impl Scaler {
     /// [`Scaler::read`] of a Prometheus trigger whose families are all fresh in the cache (every
     /// poll but one per cache time): at once, without a future per family to build and join;
     /// `None` when one of them would be waited for or queried.
@@ -571,6 +566,9 @@ impl Scaler {
         Some(Ok(readings))
     }
 }
+
+/// Each signal read, with its aggregate (`None`: no series for the selection).
+type Readings = Vec<(Signal, Option<crate::sources::Aggregate>)>;
 
 fn selection_text(s: &Selection) -> String {
     s.to_string()
