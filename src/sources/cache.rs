@@ -24,6 +24,18 @@ struct Slot<V> {
     fetch: SharedFetch<V>,
 }
 
+impl<V> Slot<V> {
+    /// Whether the fetch started less than `ttl` before `now`.
+    fn fresh(&self, now: Instant, ttl: Duration) -> bool {
+        now.duration_since(self.started) < ttl
+    }
+
+    /// Whether the slot answers at `now`: its fetch is in flight, or finished and fresh.
+    fn answers(&self, now: Instant, ttl: Duration) -> bool {
+        self.fetch.peek().is_none() || self.fresh(now, ttl)
+    }
+}
+
 /// Coalescing TTL cache keyed by `K`.
 pub struct Coalescer<K, V> {
     ttl: Duration,
@@ -54,7 +66,7 @@ where
     pub fn fresh(&self, key: &K) -> Option<Result<Arc<V>, SourceError>> {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let slot = slots.get(key)?;
-        if Instant::now().duration_since(slot.started) >= self.ttl {
+        if !slot.fresh(Instant::now(), self.ttl) {
             return None;
         }
         slot.fetch.peek().cloned()
@@ -70,18 +82,11 @@ where
             let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
             let now = Instant::now();
             match slots.get(key) {
-                Some(slot)
-                    if slot.fetch.peek().is_none()
-                        || now.duration_since(slot.started) < self.ttl =>
-                {
-                    slot.fetch.clone()
-                }
+                Some(slot) if slot.answers(now, self.ttl) => slot.fetch.clone(),
                 _ => {
                     if slots.len() > PRUNE_ABOVE {
                         let ttl = self.ttl;
-                        slots.retain(|_, s| {
-                            s.fetch.peek().is_none() || now.duration_since(s.started) < ttl
-                        });
+                        slots.retain(|_, s| s.answers(now, ttl));
                     }
                     let fetch = fetch().map(|r| r.map(Arc::new)).boxed().shared();
                     slots.insert(
