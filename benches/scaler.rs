@@ -70,6 +70,12 @@ const SCALED_OBJECTS: usize = 1000;
 /// run stays short on a small machine.
 const CALLS_PER_RUN: usize = 10_000;
 
+/// Each client's calls in a latency run of `concurrency` clients ([`CALLS_PER_RUN`] shared
+/// among them, at least 200 each).
+fn calls_per_client(concurrency: usize) -> usize {
+    (CALLS_PER_RUN / concurrency).max(200)
+}
+
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -199,8 +205,12 @@ async fn latency(
         // All clients share one HTTP/2 connection, as KEDA's operator shares one connection
         // among the ScaledObjects that name the same scalerAddress and TLS settings.
         let (channel, rpc) = (channel.clone(), rpc.clone());
-        let calls = (CALLS_PER_RUN / concurrency).max(200);
-        tasks.push(tokio::spawn(timed(rpc, channel, client, calls)));
+        tasks.push(tokio::spawn(timed(
+            rpc,
+            channel,
+            client,
+            calls_per_client(concurrency),
+        )));
     }
     let mut all = Vec::new();
     for t in tasks {
@@ -300,7 +310,7 @@ async fn interleaved(
     } else {
         BLOCK_PER_CLIENT
     };
-    let calls = (CALLS_PER_RUN / concurrency).max(200) * concurrency;
+    let calls = calls_per_client(concurrency) * concurrency;
     let wakeups_before = clients.and_then(pinning::wakeups);
     let mut runs = Interleaved {
         real: (Vec::with_capacity(calls), 0.0),
