@@ -3,7 +3,8 @@
 //! Starts the real `nightshift scaler` binary on loopback against an in-process Prometheus
 //! stand-in that counts queries, then reports:
 //! - the scaler's own work per cached evaluation, called in this process without gRPC (what a
-//!   call adds over the transport, with warm caches);
+//!   call adds over the transport, with warm caches), and the same over 64 ScaledObjects in turn
+//!   with memory touched between calls (with the caches as the server's transport leaves them);
 //! - idle RSS of the server;
 //! - cached `GetMetrics` round-trip p50/p99 with 1 and 64 concurrent clients, and the server's CPU
 //!   time per call;
@@ -270,6 +271,53 @@ async fn in_process(prom: SocketAddr) {
     println!(
         "in-process cached evaluation (no gRPC): {:.1} µs per call (median of 3 × {CALLS})",
         median(runs)
+    );
+    in_process_cold(&scaler, prom).await;
+}
+
+/// The same evaluation as the server makes it: 64 ScaledObjects in turn, as 64 clients call,
+/// with memory touched between two calls as the transport's work touches it, so that each
+/// evaluation finds what it reads pushed out of the caches. Only the evaluations are timed. The
+/// sizes: none (each ScaledObject's state, 64 of them, in the caches), 1 MiB (about a core's
+/// second-level cache), 4 MiB (beyond it).
+async fn in_process_cold(scaler: &nightshift::scaler::Scaler, prom: SocketAddr) {
+    // Rounds of 20 passes over the 64 objects: about a second in all at 4 MiB a call.
+    const ROUNDS: usize = 3;
+    const PASSES: usize = 20;
+    const OBJECTS: usize = 64;
+    // A cache line: touching one byte of each brings all of it in, as any use would.
+    const LINE: usize = 64;
+    let objects: Vec<_> = (0..OBJECTS)
+        .map(|i| request(prom, i).scaled_object_ref.expect("ref"))
+        .collect();
+    for so in &objects {
+        let first = scaler.evaluate(&so.namespace, &so.name, &so.scaler_metadata);
+        first.await.expect("first evaluation");
+    }
+    let mut figures = Vec::new();
+    for mib in [0, 1, 4] {
+        let mut touched = vec![0u8; mib << 20];
+        let mut runs = Vec::new();
+        for _ in 0..ROUNDS {
+            let mut spent = Duration::ZERO;
+            for so in std::iter::repeat_n(&objects, PASSES).flatten() {
+                for byte in touched.iter_mut().step_by(LINE) {
+                    *byte = byte.wrapping_add(1);
+                }
+                std::hint::black_box(&touched);
+                let started = Instant::now();
+                let evaluation = scaler.evaluate(&so.namespace, &so.name, &so.scaler_metadata);
+                std::hint::black_box(evaluation.await.expect("evaluation"));
+                spent += started.elapsed();
+            }
+            runs.push(spent.as_secs_f64() / (PASSES * OBJECTS) as f64 * 1e6);
+        }
+        figures.push(format!("{:.1} µs with {mib} MiB", median(runs)));
+    }
+    println!(
+        "in-process, {OBJECTS} ScaledObjects in turn, memory touched between calls: {} (median of {ROUNDS} × {})",
+        figures.join(", "),
+        PASSES * OBJECTS
     );
 }
 
