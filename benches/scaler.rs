@@ -32,6 +32,8 @@
 //! the server's CPU per call: a steady load of one kind for a profiler recording the server's
 //! core (`perf record -C 0`).
 
+#[path = "support/caches.rs"]
+mod caches;
 #[path = "support/cpu_time.rs"]
 mod cpu_time;
 #[path = "support/pinning.rs"]
@@ -293,8 +295,6 @@ async fn in_process_cold(scaler: &nightshift::scaler::Scaler, prom: SocketAddr) 
     const ROUNDS: usize = 3;
     const PASSES: usize = 20;
     const OBJECTS: usize = 64;
-    // A cache line: touching one byte of each brings all of it in, as any use would.
-    const LINE: usize = 64;
     let objects: Vec<_> = (0..OBJECTS)
         .map(|i| request(prom, i).scaled_object_ref.expect("ref"))
         .collect();
@@ -308,10 +308,7 @@ async fn in_process_cold(scaler: &nightshift::scaler::Scaler, prom: SocketAddr) 
         for _ in 0..ROUNDS {
             let mut spent = Duration::ZERO;
             for so in std::iter::repeat_n(&objects, PASSES).flatten() {
-                for byte in touched.iter_mut().step_by(LINE) {
-                    *byte = byte.wrapping_add(1);
-                }
-                std::hint::black_box(&touched);
+                caches::touch(&mut touched);
                 let started = Instant::now();
                 std::hint::black_box(evaluate(scaler, so).await);
                 spent += started.elapsed();

@@ -1,7 +1,9 @@
 //! Cost of one admission review: the pure `mutate()` on a realistic 10 KB pod, the whole review
 //! (parse, mutate, encode) without the network, and beside them the parse's own floor: only
 //! tokenizing the review's JSON text (nothing built), then the review's parse, then the parse with
-//! the `Pod` that `mutate` takes.
+//! the `Pod` that `mutate` takes; and the whole review again as a server meets it, with 4 MiB
+//! of memory touched, or the thread asleep 0.5 ms (`NIGHTSHIFT_BENCH_IDLE_US`), before each (only
+//! the review timed; these two lines take about ten times their measurement time).
 //!
 //! `cargo bench --bench webhook -- --warm-up-time 1 --measurement-time 3`
 
@@ -10,10 +12,19 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[path = "support/caches.rs"]
+mod caches;
 #[path = "support/pod.rs"]
 mod pod;
+#[path = "support/stats.rs"]
+mod stats;
 
-use std::{collections::BTreeMap, hint::black_box, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    hint::black_box,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use k8s_openapi::api::core::v1::Pod;
@@ -80,6 +91,60 @@ fn benches(c: &mut Criterion) {
         b.to_async(&rt)
             .iter(|| async { reviewer.review(black_box(&body)).await })
     });
+
+    // The same review as a server meets it, only the review timed: after the transport's work
+    // has pushed its data out of the caches, and on a core back from idle.
+    let mut junk = vec![0u8; EVICTING_BYTES];
+    c.bench_function("review 10KB pod, 4 MiB touched before each", |b| {
+        b.iter_custom(|iters| {
+            timed_after(
+                iters,
+                || caches::touch(&mut junk),
+                || rt.block_on(reviewer.review(black_box(&body))),
+            )
+        })
+    });
+    let idle = Duration::from_micros(stats::env_or(
+        "NIGHTSHIFT_BENCH_IDLE_US",
+        IDLE_BETWEEN_REVIEWS_US,
+    ));
+    let name = format!(
+        "review 10KB pod, the thread asleep {} µs before each",
+        idle.as_micros()
+    );
+    c.bench_function(&name, |b| {
+        b.iter_custom(|iters| {
+            timed_after(
+                iters,
+                || std::thread::sleep(idle),
+                || rt.block_on(reviewer.review(black_box(&body))),
+            )
+        })
+    });
+}
+
+/// More than the second-level cache of the machines measured, so that a review after it reads
+/// its code and data from farther away, as after the transport's work in a server.
+const EVICTING_BYTES: usize = 4 << 20;
+
+/// The time between two requests at the load bench's 2,000 reviews/s, in µs: the server's core
+/// idles this long or somewhat longer between wake-ups. `NIGHTSHIFT_BENCH_IDLE_US` overrides it.
+const IDLE_BETWEEN_REVIEWS_US: u64 = 500;
+
+/// Runs `before` then `routine` `iters` times and returns the time spent in `routine` alone.
+fn timed_after<T>(
+    iters: u64,
+    mut before: impl FnMut(),
+    mut routine: impl FnMut() -> T,
+) -> Duration {
+    let mut spent = Duration::ZERO;
+    for _ in 0..iters {
+        before();
+        let start = Instant::now();
+        black_box(routine());
+        spent += start.elapsed();
+    }
+    spent
 }
 
 criterion_group!(webhook, benches);

@@ -12,6 +12,7 @@ pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 /// The `p` percentile (0–1) of `sorted`; zero for no samples.
+#[allow(dead_code)] // the in-process benchmarks that include this file take none
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
