@@ -101,15 +101,20 @@ pub struct Timeline {
     pub origin: HistoryOrigin,
 }
 
-/// What the view reads: the running controller and the [`Timeline`].
+/// Where the view reads the time: the wall clock, or a fixed instant where a test needs the page
+/// to be the same whenever it is asked for.
+type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
+/// What the view reads: the running controller, the [`Timeline`] and the clock.
 #[derive(Clone)]
 pub struct ViewState {
     pub controller: Shared,
     timeline: Arc<Mutex<Timeline>>,
+    clock: Clock,
 }
 
 impl ViewState {
-    /// A view of `controller` whose history starts at `started`.
+    /// A view of `controller` whose history starts at `started`, on the wall clock.
     pub fn new(controller: Shared, started: Timestamp) -> Self {
         Self {
             controller,
@@ -120,7 +125,21 @@ impl ViewState {
                     rebuild_failed: None,
                 },
             })),
+            clock: Arc::new(Timestamp::now),
         }
+    }
+
+    /// The same view reading the time from `clock` instead of the wall clock: the page's "now",
+    /// which places its charts' steps, the samples it takes and a rebuild's end.
+    pub fn with_clock(self, clock: impl Fn() -> Timestamp + Send + Sync + 'static) -> Self {
+        Self {
+            clock: Arc::new(clock),
+            ..self
+        }
+    }
+
+    fn now(&self) -> Timestamp {
+        (self.clock)()
     }
 
     /// Locks the timeline (never held across an `.await`).
@@ -133,7 +152,7 @@ impl ViewState {
     fn current(&self, filter: &Filter) -> page::View {
         let t = self.timeline();
         let c = lock(&self.controller);
-        let report = c.status(Timestamp::now());
+        let report = c.status(self.now());
         let timeline = page::Timeline {
             pool: c.history(),
             services: &t.services,
@@ -154,7 +173,7 @@ impl ViewState {
             prometheus: address.to_string(),
         };
         tracing::info!(prometheus = %address, "rebuilding the view's history from Prometheus");
-        let now = Timestamp::now();
+        let now = self.now();
         let origin = match rebuild::from_prometheus(address, now, timeout).await {
             Ok(found) => {
                 let mut t = self.timeline();
@@ -269,7 +288,7 @@ pub async fn start(
             loop {
                 tokio::select! {
                     () = token.cancelled() => return Ok(()),
-                    _ = tick.tick() => state.sample(&decisions.all(), Timestamp::now()),
+                    _ = tick.tick() => state.sample(&decisions.all(), state.now()),
                 }
             }
         });

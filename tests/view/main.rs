@@ -61,7 +61,10 @@ fn decision(at: Timestamp, demand: f64) -> Explanation {
 pub fn state() -> ViewState {
     let now = Timestamp::now();
     let day = jiff::SignedDuration::from_hours(24);
-    let state = ViewState::new(controller_at(now), now.checked_sub(day).expect("ts"));
+    // The page's clock stays at the fixture's now: its charts' 5-minute steps are placed from
+    // it, so a second ticking over between building the fixture and asking would move them.
+    let state = ViewState::new(controller_at(now), now.checked_sub(day).expect("ts"))
+        .with_clock(move || now);
     for m in (0..24 * 60 / 5).rev() {
         let at = now
             .checked_sub(jiff::SignedDuration::from_mins(m * 5))

@@ -183,8 +183,9 @@ async fn the_history_is_rebuilt_from_nightshifts_metrics_in_a_real_prometheus() 
     assert!(llama.len() >= 30, "{} 5-minute points", llama.len());
     assert!(llama.iter().all(|p| (p.demand, p.replicas) == (2.5, 3.0)));
 
-    // The same through the view: the page says where its history comes from.
-    let state = ViewState::new(empty_controller(), Timestamp::now());
+    // The same through the view, at the same now: the page says where its history comes from.
+    let at = Timestamp::from_second(now).expect("ts");
+    let state = ViewState::new(empty_controller(), at).with_clock(move || at);
     state
         .rebuild(&prometheus.url, Duration::from_secs(30))
         .await;
