@@ -160,13 +160,10 @@ async fn the_history_is_rebuilt_from_nightshifts_metrics_in_a_real_prometheus() 
     );
     let prometheus = Prometheus::start(&bin, dir.path()).await;
 
-    let found = rebuild::from_prometheus(
-        &prometheus.url,
-        Timestamp::from_second(now).expect("ts"),
-        Duration::from_secs(30),
-    )
-    .await
-    .expect("rebuilt");
+    let at = Timestamp::from_second(now).expect("ts");
+    let found = rebuild::from_prometheus(&prometheus.url, at, Duration::from_secs(30))
+        .await
+        .expect("rebuilt");
     // Each minute written, then up to 5 more (Prometheus' lookback holds the last value).
     let n = found.pool.len() as i64;
     assert!((MINUTES..=MINUTES + 6).contains(&n), "{n} samples");
@@ -184,7 +181,6 @@ async fn the_history_is_rebuilt_from_nightshifts_metrics_in_a_real_prometheus() 
     assert!(llama.iter().all(|p| (p.demand, p.replicas) == (2.5, 3.0)));
 
     // The same through the view, at the same now: the page says where its history comes from.
-    let at = Timestamp::from_second(now).expect("ts");
     let state = ViewState::new(empty_controller(), at).with_clock(move || at);
     state
         .rebuild(&prometheus.url, Duration::from_secs(30))
