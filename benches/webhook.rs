@@ -2,8 +2,9 @@
 //! (parse, mutate, encode) without the network, and beside them the parse's own floor: only
 //! tokenizing the review's JSON text (nothing built), then the review's parse, then the parse with
 //! the `Pod` that `mutate` takes; and the whole review again as a server meets it, with 4 MiB
-//! of memory touched, or the thread asleep 0.5 ms (`NIGHTSHIFT_BENCH_IDLE_US`), before each (only
-//! the review timed; these two lines take about ten times their measurement time).
+//! of memory touched, or the thread asleep 0.5 ms (`NIGHTSHIFT_BENCH_IDLE_US`), before each, and
+//! the parse and its tokenizing after the same sleep (only the review or the step timed; these
+//! lines take about ten times their measurement time).
 //!
 //! `cargo bench --bench webhook -- --warm-up-time 1 --measurement-time 3`
 
@@ -108,18 +109,27 @@ fn benches(c: &mut Criterion) {
         "NIGHTSHIFT_BENCH_IDLE_US",
         IDLE_BETWEEN_REVIEWS_US,
     ));
+    after_sleep(c, idle, "review 10KB pod", || {
+        rt.block_on(reviewer.review(black_box(&body)))
+    });
+    // Which of the review's steps the idle makes dearer: its parse, and the parse's tokenizing
+    // alone, after the same sleep.
+    after_sleep(c, idle, "parse 10KB review (review::parse)", || {
+        parse(black_box(&body)).expect("review")
+    });
+    after_sleep(c, idle, "tokenize 10KB review (nothing built)", || {
+        serde_json::from_str::<serde::de::IgnoredAny>(black_box(text)).expect("JSON")
+    });
+}
+
+/// Times `routine` alone, each call after the thread slept `idle`, the core idle meanwhile.
+fn after_sleep<T>(c: &mut Criterion, idle: Duration, what: &str, mut routine: impl FnMut() -> T) {
     let name = format!(
-        "review 10KB pod, the thread asleep {} µs before each",
+        "{what}, the thread asleep {} µs before each",
         idle.as_micros()
     );
     c.bench_function(&name, |b| {
-        b.iter_custom(|iters| {
-            timed_after(
-                iters,
-                || std::thread::sleep(idle),
-                || rt.block_on(reviewer.review(black_box(&body))),
-            )
-        })
+        b.iter_custom(|iters| timed_after(iters, || std::thread::sleep(idle), &mut routine))
     });
 }
 
