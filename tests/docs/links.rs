@@ -119,7 +119,7 @@ fn reference_definition(line: &str) -> Option<String> {
 }
 
 /// The 1-based numbered lines of `text` outside fenced code blocks.
-fn prose_lines(text: &str) -> Vec<(usize, &str)> {
+pub fn prose_lines(text: &str) -> Vec<(usize, &str)> {
     let mut fence: Option<&str> = None;
     let mut lines = Vec::new();
     for (index, line) in text.lines().enumerate() {
@@ -191,12 +191,12 @@ fn slug(title: &str) -> String {
         .collect()
 }
 
-fn read(path: &Path) -> String {
+pub fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", shown(path)))
 }
 
 /// `path` relative to the repository root, for messages.
-fn shown(path: &Path) -> String {
+pub fn shown(path: &Path) -> String {
     path.strip_prefix(repo_root())
         .unwrap_or(path)
         .display()

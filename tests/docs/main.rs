@@ -1,12 +1,13 @@
 //! The documentation stays true to the code: `docs/options.md` is the rendering of the command
-//! line's clap definitions, and every relative link in `README.md` and `docs/*.md` leads to a
-//! file (and heading) that exists.
+//! line's clap definitions, every relative link in `README.md` and `docs/*.md` leads to a file
+//! (and heading) that exists, and no wrapped line of their prose renders as a stray list item.
 //!
 //! After a change to a flag, regenerate the options page with
 //! `NIGHTSHIFT_BLESS=1 cargo test --test docs` and commit it with the change.
 
 mod links;
 mod options;
+mod prose;
 
 use std::path::{Path, PathBuf};
 
@@ -40,4 +41,9 @@ fn options_page_matches_the_command_line() {
 #[test]
 fn relative_links_lead_to_existing_files_and_headings() {
     links::check(&markdown_pages());
+}
+
+#[test]
+fn no_prose_line_renders_as_a_stray_list_item() {
+    prose::check(&markdown_pages());
 }
