@@ -81,7 +81,7 @@ fn benches(c: &mut Criterion) {
             parse(black_box(&body))
                 .expect("review")
                 .object
-                .map(AdmittedPod::into_pod)
+                .map(|pod| AdmittedPod::into_pod(*pod))
         })
     });
 
