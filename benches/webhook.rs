@@ -71,7 +71,7 @@ fn benches(c: &mut Criterion) {
     // reads it (as text, once checked to be UTF-8).
     let text = std::str::from_utf8(&body).expect("UTF-8");
     c.bench_function("tokenize 10KB review (nothing built)", |b| {
-        b.iter(|| serde_json::from_str::<serde::de::IgnoredAny>(black_box(text)).expect("JSON"))
+        b.iter(|| sonic_rs::from_str::<serde::de::IgnoredAny>(black_box(text)).expect("JSON"))
     });
     c.bench_function("parse 10KB review (review::parse)", |b| {
         b.iter(|| parse(black_box(&body)).expect("review"))
@@ -118,7 +118,7 @@ fn benches(c: &mut Criterion) {
         parse(black_box(&body)).expect("review")
     });
     after_sleep(c, idle, "tokenize 10KB review (nothing built)", || {
-        serde_json::from_str::<serde::de::IgnoredAny>(black_box(text)).expect("JSON")
+        sonic_rs::from_str::<serde::de::IgnoredAny>(black_box(text)).expect("JSON")
     });
 }
 

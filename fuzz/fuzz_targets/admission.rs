@@ -92,7 +92,7 @@ fuzz_target!(|body: &[u8]| {
             }
             // From JSON text, as the webhook reads a pod (its lists are skipped as raw text).
             let text = serde_json::to_string(&patched).expect("the patched pod serialises");
-            let again: AdmittedPod = match serde_json::from_str(&text) {
+            let again = match AdmittedPod::from_json(&text) {
                 Ok(again) => again,
                 // A list entry of the wrong type (`"name": true`) in a list the first read
                 // skipped as text, because it could not hold the notice entry, is read once the

@@ -18,8 +18,9 @@
 //! its text could hold that entry (see `kept`); only that entry is kept. A list that is present
 //! stays present (maybe empty), so the patch still appends to it rather than creating it.
 //!
-//! Because the lists are read from the raw text, an [`AdmittedPod`] is decoded from JSON text or
-//! bytes with `serde_json` (`from_str`, as the review does, or `from_slice`); not from a `Value`.
+//! Because the lists are read from the raw text, an [`AdmittedPod`] is decoded from JSON text with
+//! `sonic-rs` ([`AdmittedPod::from_json`], or as a field of a review that `sonic-rs` reads); not
+//! with another JSON deserializer, and not from a `Value`.
 
 use std::{borrow::Cow, collections::BTreeMap, sync::LazyLock};
 
@@ -226,8 +227,8 @@ mod borrowed {
     }
 }
 
-/// An optional list of `B` keeping, as `T`, only the entries `keep` returns. `null` reads as
-/// absent, as for `Option<Vec<T>>`.
+/// An optional list, of which only the entries `read` keeps are kept. `null` reads as absent, as
+/// for `Option<Vec<T>>`.
 ///
 /// The list is first skipped over as raw JSON (syntax and UTF-8 checked, nothing built), and its
 /// entries are read only when the text could hold the entry kept: when it contains `needle` (the
@@ -236,28 +237,36 @@ mod borrowed {
 /// and value. Entries that cannot be the kept one are not type-checked: the API server has read
 /// the pod into its own types before it sends it to a webhook, so a mistyped entry does not
 /// come from it, and one sent by anyone else changes nothing the decision reads.
-fn kept<'de, D, B, T>(
+fn kept<'de, D, T>(
     d: D,
     needle: &Finder<'static>,
-    keep: fn(B) -> Option<T>,
+    read: fn(&str) -> sonic_rs::Result<Vec<T>>,
 ) -> Result<Option<Vec<T>>, D::Error>
 where
     D: Deserializer<'de>,
-    B: Deserialize<'de>,
 {
     use serde::de::Error as _;
 
-    let Some(raw) = Option::<&'de serde_json::value::RawValue>::deserialize(d)? else {
+    let Some(raw) = Option::<sonic_rs::LazyValue<'de>>::deserialize(d)? else {
         return Ok(None);
     };
-    let text = raw.get();
+    let text = raw.as_raw_str();
     let may_hold =
         needle.find(text.as_bytes()).is_some() || memchr::memchr(b'\\', text.as_bytes()).is_some();
     if text.starts_with('[') && !may_hold {
         return Ok(Some(Vec::new()));
     }
-    let entries: Vec<B> = serde_json::from_str(text).map_err(D::Error::custom)?;
-    Ok(Some(entries.into_iter().filter_map(keep).collect()))
+    read(text).map(Some).map_err(D::Error::custom)
+}
+
+/// The entries of the JSON list `text` that `keep` keeps, read as `B` (whose strings may borrow
+/// from `text`).
+fn entries<'x, B: Deserialize<'x>, T>(
+    text: &'x str,
+    keep: impl Fn(B) -> Option<T>,
+) -> sonic_rs::Result<Vec<T>> {
+    let all: Vec<B> = sonic_rs::from_str(text)?;
+    Ok(all.into_iter().filter_map(keep).collect())
 }
 
 /// The needles `kept` looks for, each searcher built once rather than at every list (as
@@ -267,28 +276,34 @@ static ENV_NEEDLE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(NOTI
 static MOUNT_NEEDLE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(NOTICE_MOUNT_PATH));
 
 fn notice_volumes<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Named>>, D::Error> {
-    kept(d, &VOLUME_NEEDLE, |v: borrowed::Named<'de>| {
-        (v.name.as_deref() == Some(NOTICE_VOLUME)).then(|| Named {
-            name: Some(NOTICE_VOLUME.to_string()),
+    kept(d, &VOLUME_NEEDLE, |text| {
+        entries(text, |v: borrowed::Named<'_>| {
+            (v.name.as_deref() == Some(NOTICE_VOLUME)).then(|| Named {
+                name: Some(NOTICE_VOLUME.to_string()),
+            })
         })
     })
 }
 
 fn notice_env<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Named>>, D::Error> {
-    kept(d, &ENV_NEEDLE, |e: borrowed::Named<'de>| {
-        (e.name.as_deref() == Some(NOTICE_FILE_ENV)).then(|| Named {
-            name: Some(NOTICE_FILE_ENV.to_string()),
+    kept(d, &ENV_NEEDLE, |text| {
+        entries(text, |e: borrowed::Named<'_>| {
+            (e.name.as_deref() == Some(NOTICE_FILE_ENV)).then(|| Named {
+                name: Some(NOTICE_FILE_ENV.to_string()),
+            })
         })
     })
 }
 
 fn notice_mounts<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<AdmittedMount>>, D::Error> {
     // `/etc/nightshift/` and `/etc/nightshift` are one mount point (as `mutate` compares them).
-    kept(d, &MOUNT_NEEDLE, |m: borrowed::AdmittedMount<'de>| {
-        let path = m.mount_path?;
-        (path.trim_end_matches('/') == NOTICE_MOUNT_PATH).then(|| AdmittedMount {
-            name: m.name.map(Cow::into_owned),
-            mount_path: Some(path.into_owned()),
+    kept(d, &MOUNT_NEEDLE, |text| {
+        entries(text, |m: borrowed::AdmittedMount<'_>| {
+            let path = m.mount_path?;
+            (path.trim_end_matches('/') == NOTICE_MOUNT_PATH).then(|| AdmittedMount {
+                name: m.name.map(Cow::into_owned),
+                mount_path: Some(path.into_owned()),
+            })
         })
     })
 }
@@ -321,6 +336,11 @@ impl AdmittedContainer {
 }
 
 impl AdmittedPod {
+    /// The pod in the JSON text `json`, read as the review reads it.
+    pub fn from_json(json: &str) -> sonic_rs::Result<Self> {
+        sonic_rs::from_str(json)
+    }
+
     /// The `Pod` holding exactly the decoded fields.
     pub fn into_pod(self) -> Pod {
         Pod {
