@@ -3,10 +3,8 @@
 //! `metadata`). Invariants: no panic; parsing is deterministic.
 #![no_main]
 
-use std::collections::HashMap;
-
 use libfuzzer_sys::fuzz_target;
-use nightshift::scaler::metadata::parse;
+use nightshift::scaler::metadata::{Table, parse};
 
 fuzz_target!(|body: &[u8]| {
     let Ok(text) = std::str::from_utf8(body) else {
@@ -14,7 +12,7 @@ fuzz_target!(|body: &[u8]| {
     };
     let mut lines = text.lines();
     let namespace = lines.next().unwrap_or_default();
-    let raw: HashMap<String, String> = lines
+    let raw: Table = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
         .collect();
