@@ -438,7 +438,8 @@ mod tests {
             "status": {"phase": "Running"}
         }))
         .expect("pod");
-        let m = mutate::mutate(&created, "team-a", &research_ns, &policy, &classes)
+        let admitted = crate::webhook::pod_fields::AdmittedPod::from(&created);
+        let m = mutate::mutate(&admitted, "team-a", &research_ns, &policy, &classes)
             .expect("not denied");
         assert_eq!(m.selection, Classification::Research { gpu: true });
         let mut doc = serde_json::to_value(&created).expect("pod serialises");

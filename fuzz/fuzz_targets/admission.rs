@@ -47,9 +47,10 @@ fn policies() -> [MutationPolicy; 2] {
 
 fuzz_target!(|body: &[u8]| {
     let Ok(request) = parse(body) else { return };
-    let Some(object) = request.object else { return };
-    let pod = object.into_pod();
-    let Some(namespace) = pod_namespace(request.namespace.as_deref(), &pod) else {
+    let Some(pod) = request.object.as_deref() else {
+        return;
+    };
+    let Some(namespace) = pod_namespace(request.namespace.as_deref(), pod) else {
         return;
     };
     // A body the review's parse accepts (UTF-8 text, then JSON) is a JSON document.
@@ -73,7 +74,7 @@ fuzz_target!(|body: &[u8]| {
     let classes = classes();
     for policy in policies() {
         for labels in [&research, &BTreeMap::new()] {
-            let Ok(first) = mutate(&pod, namespace, labels, &policy, &classes) else {
+            let Ok(first) = mutate(pod, namespace, labels, &policy, &classes) else {
                 continue;
             };
             let operations = match first.patch.operations() {
@@ -101,7 +102,7 @@ fuzz_target!(|body: &[u8]| {
                 Err(_) if serde_json::from_value::<Pod>(sent.clone()).is_err() => continue,
                 Err(e) => panic!("the patched pod does not read back: {e}\npatched: {patched}"),
             };
-            let second = mutate(&again.into_pod(), namespace, labels, &policy, &classes)
+            let second = mutate(&again, namespace, labels, &policy, &classes)
                 .expect("a marked pod is not denied");
             assert!(
                 second.patch.is_empty(),

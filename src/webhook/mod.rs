@@ -307,6 +307,7 @@ mod tests {
                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
         }))
         .expect("pod");
+        let pod = pod_fields::AdmittedPod::from(&pod);
         let m = mutate::mutate(&pod, "team-a", &BTreeMap::new(), &policy, &classes)
             .expect("not denied");
         assert_eq!(m.selection, Classification::Research { gpu: true });

@@ -9,18 +9,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
-    Pod, PodSpec, PreferredSchedulingTerm, Toleration,
+    Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    PreferredSchedulingTerm, Toleration,
 };
 use serde_json::json;
 
+use super::pod_fields::{AdmittedContainer, AdmittedPod, AdmittedSpec};
 use crate::vocabulary::{
     NOTICE_FILE, NOTICE_FILE_ENV, NOTICE_MOUNT_PATH, NOTICE_VOLUME, Vocabulary,
 };
 
-/// Annotation the kubelet puts on mirror pods (static pods reflected into the API). They cannot
-/// be scheduled or preempted, so they are never touched.
-pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
+pub use super::pod_fields::MIRROR_POD_ANNOTATION;
 
 pub use crate::vocabulary::{PoolTaint, TRUE};
 
@@ -231,12 +230,14 @@ pub enum Denial {
 }
 
 /// Decides what to do with `pod`, created in `namespace` whose labels are `namespace_labels`.
+/// The pod is read as admission reads it ([`AdmittedPod`]: from a review's JSON, or from a whole
+/// `Pod` with `AdmittedPod::from`).
 ///
 /// Returns the patch that marks a research pod (empty for every other pod, and for a research
 /// pod that is already marked: applying the patch and mutating again yields an empty patch), or
 /// a [`Denial`] when a research pod cannot be marked safely.
 pub fn mutate(
-    pod: &Pod,
+    pod: &AdmittedPod,
     namespace: &str,
     namespace_labels: &BTreeMap<String, String>,
     policy: &MutationPolicy,
@@ -253,7 +254,7 @@ pub fn mutate(
     {
         return Ok(Mutation::skipped(SkipReason::MirrorPod));
     }
-    let empty_spec = PodSpec::default();
+    let empty_spec = AdmittedSpec::default();
     let spec = pod.spec.as_ref().unwrap_or(&empty_spec);
     if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
         return Ok(Mutation::skipped(SkipReason::AlreadyBound));
@@ -303,8 +304,8 @@ pub fn mutate(
 }
 
 /// Whether any container (init containers included) requests or limits `resource` above zero.
-pub fn requests_resource(spec: &PodSpec, resource: &str) -> bool {
-    let asks = |c: &Container| {
+pub fn requests_resource(spec: &AdmittedSpec, resource: &str) -> bool {
+    let asks = |c: &AdmittedContainer| {
         c.resources.as_ref().is_some_and(|r| {
             [r.requests.as_ref(), r.limits.as_ref()]
                 .into_iter()
@@ -324,7 +325,7 @@ fn quantity_is_positive(q: &str) -> bool {
 
 fn priority(
     b: &mut Builder,
-    spec: &PodSpec,
+    spec: &AdmittedSpec,
     research_class: &str,
     classes: &dyn PriorityClasses,
 ) -> Result<(), Denial> {
@@ -442,7 +443,7 @@ fn term_has(term: &NodeSelectorTerm, req: &NodeSelectorRequirement) -> bool {
         .any(|e| same_requirement(e, req))
 }
 
-fn node_affinity(b: &mut Builder, spec: &PodSpec, policy: &MutationPolicy) {
+fn node_affinity(b: &mut Builder, spec: &AdmittedSpec, policy: &MutationPolicy) {
     let required = required_requirements(policy);
     let preferred = policy.spare.as_ref().and_then(spare_term);
     let node_affinity = spec
@@ -575,7 +576,7 @@ const DEFAULT_SCHEDULER: &str = "default-scheduler";
 
 /// Sends a GPU research pod to the packing profile, unless its creator chose another scheduler
 /// than the default one (kept: it may be the only one that can place the pod).
-fn scheduler_name(b: &mut Builder, spec: &PodSpec, profile: &str) {
+fn scheduler_name(b: &mut Builder, spec: &AdmittedSpec, profile: &str) {
     match spec.scheduler_name.as_deref() {
         None | Some("") | Some(DEFAULT_SCHEDULER) => {
             b.set(
@@ -641,7 +642,7 @@ fn toleration_for(taint: &PoolTaint) -> PoolToleration<'_> {
     }
 }
 
-fn tolerations(b: &mut Builder, spec: &PodSpec, taints: &[PoolTaint]) {
+fn tolerations(b: &mut Builder, spec: &AdmittedSpec, taints: &[PoolTaint]) {
     let existing = spec.tolerations.as_deref().unwrap_or_default();
     let missing: Vec<&PoolTaint> = taints
         .iter()
@@ -665,7 +666,7 @@ fn tolerations(b: &mut Builder, spec: &PodSpec, taints: &[PoolTaint]) {
     ));
 }
 
-fn lent_label(b: &mut Builder, pod: &Pod, key: &str) {
+fn lent_label(b: &mut Builder, pod: &AdmittedPod, key: &str) {
     match pod.metadata.labels.as_ref() {
         None => b.add(&["metadata", "labels"], &BTreeMap::from([(key, TRUE)])),
         Some(labels) if labels.get(key).is_some_and(|v| v == TRUE) => {}
@@ -673,7 +674,7 @@ fn lent_label(b: &mut Builder, pod: &Pod, key: &str) {
     }
 }
 
-fn grace_period(b: &mut Builder, spec: &PodSpec, max: i64) {
+fn grace_period(b: &mut Builder, spec: &AdmittedSpec, max: i64) {
     match spec.termination_grace_period_seconds {
         None => b.add(&["spec", "terminationGracePeriodSeconds"], &max),
         Some(current) if current > max => {
@@ -696,13 +697,13 @@ const NOTICE_FIELD: &str = "metadata.annotations";
 /// names the file. Each part is added only where it is missing: a pod that has a volume of that
 /// name keeps it, a container that mounts the volume or sets the variable already keeps them,
 /// and a container that mounts something else at the mount path gets neither.
-fn notice_file(b: &mut Builder, spec: &PodSpec) {
+fn notice_file(b: &mut Builder, spec: &AdmittedSpec) {
     let before = b.ops;
     let has_volume = spec
         .volumes
         .iter()
         .flatten()
-        .any(|v| v.name == NOTICE_VOLUME);
+        .any(|v| v.name.as_deref() == Some(NOTICE_VOLUME));
     let parts = &*NOTICE_PARTS;
     if !has_volume {
         match spec.volumes {
@@ -719,15 +720,17 @@ fn notice_file(b: &mut Builder, spec: &PodSpec) {
                 .collect()
         };
         // `/etc/nightshift/` and `/etc/nightshift` are one mount point.
-        let mount = container
-            .volume_mounts
-            .iter()
-            .flatten()
-            .find(|m| m.mount_path.trim_end_matches('/') == NOTICE_MOUNT_PATH);
+        let mount = container.volume_mounts.iter().flatten().find(|m| {
+            m.mount_path
+                .as_deref()
+                .unwrap_or_default()
+                .trim_end_matches('/')
+                == NOTICE_MOUNT_PATH
+        });
         match (mount, &container.volume_mounts) {
             // Something else of the container's own is mounted there: the variable would name a
             // file that is not the notice file, so the container is left alone.
-            (Some(m), _) if m.name != NOTICE_VOLUME => continue,
+            (Some(m), _) if m.name.as_deref() != Some(NOTICE_VOLUME) => continue,
             (Some(_), _) => {}
             (None, mounts) => match mounts {
                 None => b.add_json_list(&at(&["volumeMounts"]), &parts.mount),
@@ -738,7 +741,7 @@ fn notice_file(b: &mut Builder, spec: &PodSpec) {
             .env
             .iter()
             .flatten()
-            .any(|e| e.name == NOTICE_FILE_ENV);
+            .any(|e| e.name.as_deref() == Some(NOTICE_FILE_ENV));
         if !has_env {
             match container.env {
                 None => b.add_json_list(&at(&["env"]), &parts.var),

@@ -2,6 +2,7 @@
 
 use super::*;
 use json_patch::PatchOperation;
+use k8s_openapi::api::core::v1::Pod;
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -72,6 +73,23 @@ fn merge(base: &mut Value, extra: Value) {
         }
         (b, e) => *b = e,
     }
+}
+
+/// [`super::mutate`] on a whole pod, as a tool calls it: through the fields admission reads.
+fn mutate(
+    pod: &Pod,
+    namespace: &str,
+    namespace_labels: &BTreeMap<String, String>,
+    policy: &MutationPolicy,
+    classes: &dyn PriorityClasses,
+) -> Result<Mutation, Denial> {
+    super::mutate(
+        &AdmittedPod::from(pod),
+        namespace,
+        namespace_labels,
+        policy,
+        classes,
+    )
 }
 
 fn run(pod: &Pod, ns_labels: &BTreeMap<String, String>) -> Mutation {
@@ -1163,7 +1181,7 @@ proptest! {
                     patched.metadata.labels.as_ref().and_then(|l| l.get("nightshift.io/lent")).map(String::as_str),
                     Some("true")
                 );
-                prop_assert_eq!(gpu, requests_resource(&spec, "nvidia.com/gpu"));
+                prop_assert_eq!(gpu, requests_resource(&AdmittedSpec::from(&spec), "nvidia.com/gpu"));
                 let (volumes, containers) = notice_parts(&patched);
                 prop_assert_eq!(volumes.iter().filter(|v| *v == "nightshift-notice").count(), 1);
                 for (mounts, env) in containers {
@@ -1207,11 +1225,9 @@ proptest! {
         let whole: Pod = serde_json::from_value(doc.clone()).expect("generated pod is valid");
         // From JSON text, as the review reads it: the lists are skipped over as raw JSON text.
         let text = serde_json::to_string(&doc).expect("pod serialises");
-        let trimmed = super::super::pod_fields::AdmittedPod::from_json(&text)
-            .expect("trimmed decode")
-            .into_pod();
+        let trimmed = AdmittedPod::from_json(&text).expect("trimmed decode");
         let a = mutate(&whole, NS, &ns, &policy, &classes()).expect("research class exists");
-        let b = mutate(&trimmed, NS, &ns, &policy, &classes()).expect("research class exists");
+        let b = super::mutate(&trimmed, NS, &ns, &policy, &classes()).expect("research class exists");
         prop_assert_eq!(patch_json(&a), patch_json(&b));
         prop_assert_eq!(a.warnings, b.warnings);
         prop_assert_eq!(format!("{:?}", a.selection), format!("{:?}", b.selection));
@@ -1307,10 +1323,9 @@ proptest! {
         let trimmed = super::super::review::parse(&body)
             .expect("parses")
             .object
-            .expect("object")
-            .into_pod();
+            .expect("object");
         let a = mutate(&whole, NS, &ns, &policy, &classes()).expect("research class exists");
-        let b = mutate(&trimmed, NS, &ns, &policy, &classes()).expect("research class exists");
+        let b = super::mutate(&trimmed, NS, &ns, &policy, &classes()).expect("research class exists");
         prop_assert_eq!(patch_json(&a), patch_json(&b));
         prop_assert_eq!(a.warnings, b.warnings);
         prop_assert_eq!(format!("{:?}", a.selection), format!("{:?}", b.selection));

@@ -7,9 +7,11 @@
 //! (name, namespace, labels, the mirror-pod annotation) plus the spec fields
 //! [`super::mutate::mutate`] reads (node name, priority triple, affinity, tolerations, grace
 //! period, scheduler name, volumes, and each container's name, resources, mounts and environment
-//! variables). Every other field is skipped by the JSON parser
-//! without being built. [`AdmittedPod::into_pod`] gives the `Pod` that `mutate` takes; property
-//! tests check that it decides exactly as on the whole pod.
+//! variables). Every other field is skipped by the JSON parser without being built.
+//! [`super::mutate::mutate`] decides on the [`AdmittedPod`] itself, with no `Pod` built for it; a
+//! whole `Pod` (a tool's, a test's) gives one with `AdmittedPod::from`, and property tests check
+//! that the pod read from JSON decides exactly as the whole pod. [`AdmittedPod::into_pod`] gives
+//! back a `Pod` of the decoded fields, for tools and tests that apply a patch to it.
 //!
 //! Of the lists of volumes, mounts and environment variables (dozens of entries in a real pod),
 //! the decision only asks whether the list is there and whether it holds the reclaim-notice
@@ -35,8 +37,11 @@ use kube::core::{NamespaceResourceScope, Resource};
 use memchr::memmem::Finder;
 use serde::{Deserialize, Deserializer};
 
-use super::mutate::MIRROR_POD_ANNOTATION;
 use crate::vocabulary::{NOTICE_FILE_ENV, NOTICE_MOUNT_PATH, NOTICE_VOLUME};
+
+/// Annotation the kubelet puts on mirror pods (static pods reflected into the API). They cannot
+/// be scheduled or preempted, so they are never touched.
+pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// A Pod as admission reads it: the metadata and the spec trimmed to what decisions use.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -341,7 +346,8 @@ impl AdmittedPod {
         sonic_rs::from_str(json)
     }
 
-    /// The `Pod` holding exactly the decoded fields.
+    /// The `Pod` holding exactly the decoded fields (for tools and tests that apply a patch to
+    /// the pod and decide again).
     pub fn into_pod(self) -> Pod {
         Pod {
             metadata: self.metadata,
@@ -375,6 +381,73 @@ impl AdmittedPod {
                 ..PodSpec::default()
             }),
             status: None,
+        }
+    }
+}
+
+/// The fields of a whole pod that the decision reads, every list entry's name and path kept.
+impl From<&Pod> for AdmittedPod {
+    fn from(pod: &Pod) -> Self {
+        let meta = &pod.metadata;
+        Self {
+            metadata: ObjectMeta {
+                name: meta.name.clone(),
+                generate_name: meta.generate_name.clone(),
+                namespace: meta.namespace.clone(),
+                labels: meta.labels.clone(),
+                annotations: meta.annotations.clone(),
+                ..ObjectMeta::default()
+            },
+            spec: pod.spec.as_ref().map(AdmittedSpec::from),
+        }
+    }
+}
+
+impl From<&PodSpec> for AdmittedSpec {
+    fn from(spec: &PodSpec) -> Self {
+        let containers = |cs: &[Container]| cs.iter().map(AdmittedContainer::from).collect();
+        Self {
+            node_name: spec.node_name.clone(),
+            priority_class_name: spec.priority_class_name.clone(),
+            priority: spec.priority,
+            preemption_policy: spec.preemption_policy.clone(),
+            affinity: spec.affinity.clone(),
+            tolerations: spec.tolerations.clone(),
+            termination_grace_period_seconds: spec.termination_grace_period_seconds,
+            scheduler_name: spec.scheduler_name.clone(),
+            containers: containers(&spec.containers),
+            init_containers: spec.init_containers.as_deref().map(containers),
+            volumes: spec.volumes.as_ref().map(|vs| {
+                vs.iter()
+                    .map(|v| Named {
+                        name: Some(v.name.clone()),
+                    })
+                    .collect()
+            }),
+        }
+    }
+}
+
+impl From<&Container> for AdmittedContainer {
+    fn from(c: &Container) -> Self {
+        Self {
+            name: c.name.clone(),
+            resources: c.resources.clone(),
+            volume_mounts: c.volume_mounts.as_ref().map(|ms| {
+                ms.iter()
+                    .map(|m| AdmittedMount {
+                        name: Some(m.name.clone()),
+                        mount_path: Some(m.mount_path.clone()),
+                    })
+                    .collect()
+            }),
+            env: c.env.as_ref().map(|es| {
+                es.iter()
+                    .map(|e| Named {
+                        name: Some(e.name.clone()),
+                    })
+                    .collect()
+            }),
         }
     }
 }

@@ -189,17 +189,16 @@ impl Reviewer {
     }
 
     async fn review_inner(&self, body: &[u8]) -> Result<(AdmissionResponse, Outcome), ReviewError> {
-        let mut request = parse(body)?;
+        let request = parse(body)?;
         let uid = request.uid;
         let response = allowed(uid.clone());
-        let object = request.object.take().map(|pod| Box::new(pod.into_pod()));
 
         // Only pod creations are marked; anything else the configuration sends is let through
         // unchanged (updates cannot change priority or affinity of a pod anyway).
         if request.operation != Operation::Create || request.sub_resource.is_some() {
             return Ok((response, Outcome::Skipped));
         }
-        let Some(pod) = object.as_deref() else {
+        let Some(pod) = request.object.as_deref() else {
             return Err(ReviewError::MissingObject { uid });
         };
         let Some(namespace) = pod_namespace(request.namespace.as_deref(), pod) else {
@@ -282,7 +281,7 @@ impl Reviewer {
 /// when neither names one.
 pub fn pod_namespace<'a>(
     request_namespace: Option<&'a str>,
-    pod: &'a k8s_openapi::api::core::v1::Pod,
+    pod: &'a AdmittedPod,
 ) -> Option<&'a str> {
     request_namespace
         .or(pod.metadata.namespace.as_deref())
