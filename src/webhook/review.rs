@@ -419,11 +419,13 @@ impl ReviewIn<'_> {
 /// The review and its pod are read with `sonic-rs`, which checks the whole text as strictly as
 /// `serde_json` (what is only skipped included) in less time; the loose parse, for errors only,
 /// with `serde_json`. The body is checked to be UTF-8 once, as a whole (JSON text is UTF-8, and
-/// the API server sends nothing else), and parsed as text, so the parser checks no string again.
+/// the API server sends nothing else), with SIMD (`simdutf8`), and parsed as text, so the parser
+/// checks no string again.
 ///
 /// Public so that the fuzz targets drive exactly the parser [`Reviewer::review`] uses.
 pub fn parse(body: &[u8]) -> Result<PodReview, ReviewError> {
-    let body = std::str::from_utf8(body).map_err(|e| ReviewError::NotAReview(e.to_string()))?;
+    let body =
+        simdutf8::compat::from_utf8(body).map_err(|e| ReviewError::NotAReview(e.to_string()))?;
     if let Some(review) = ReviewIn::read(body) {
         return Ok(review);
     }
