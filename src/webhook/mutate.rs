@@ -836,7 +836,9 @@ impl JsonPatch {
 /// The bytes a JSON Pointer token is written with as they are: all but `~` and `/` (RFC 6901
 /// escapes them) and what a JSON string escapes (`"`, `\\`, control characters). A table: a
 /// patch's paths are some 800 bytes, and one lookup per byte instead of four comparisons took
-/// `mutate` from 1.73 to 1.51 µs on the bench's pod.
+/// `mutate` from 1.73 to 1.51 µs on the bench's pod. Every byte of a token is looked up, with no
+/// exit at the first one that is not plain (nearly every token is plain): the loop then runs
+/// unrolled, 2.28 → 2.01 µs per `mutate` on a slower day (comparisons in the same loop: 2.07 µs).
 const PLAIN_POINTER_BYTE: [bool; 256] = {
     let mut plain = [false; 256];
     let mut b = 0x20;
@@ -932,7 +934,9 @@ impl Builder {
         self.text.extend_from_slice(b"\",\"path\":\"");
         for token in path {
             self.text.push(b'/');
-            let plain = token.bytes().all(|b| PLAIN_POINTER_BYTE[usize::from(b)]);
+            let plain = token
+                .bytes()
+                .fold(true, |plain, b| plain & PLAIN_POINTER_BYTE[usize::from(b)]);
             if plain {
                 self.text.extend_from_slice(token.as_bytes());
             } else {
