@@ -107,6 +107,11 @@ pub enum Error {
     PoolName(String),
     #[error("--pool-taints: {0}")]
     PoolTaint(String),
+    #[error(
+        "--gpu-resource: {0:?} is not an extended resource name: it takes a vendor's domain and \
+         a name, as the device plugin advertises it on the nodes (e.g. nvidia.com/gpu, amd.com/gpu)"
+    )]
+    GpuResource(String),
     #[error("{old} is no longer read: set {new} instead")]
     RetiredVariable {
         old: &'static str,
@@ -151,7 +156,8 @@ pub struct VocabularyArgs {
     )]
     pub research_priority_class: String,
 
-    /// Extended resource of GPUs: makes a pod a GPU pod, and is what the pool counts.
+    /// Extended resource of GPUs (`domain/name`, as the device plugin advertises it): makes a
+    /// pod a GPU pod, and is what the pool counts.
     #[arg(
         long,
         env = "NIGHTSHIFT_GPU_RESOURCE",
@@ -310,6 +316,38 @@ fn is_label_value(s: &str) -> bool {
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
+/// Whether `s` is a name Kubernetes accepts for an extended resource, which a device plugin
+/// advertises and a container requests: `domain/name`, outside the `kubernetes.io` domains (those
+/// are the native resources: `cpu`, `memory`, `hugepages-…`), not starting with `requests.`
+/// (the resource-quota prefix), with `name` a label name segment. A bare `gpu` is a name no
+/// container can ask for, so a pool counting it would count nothing.
+fn is_extended_resource(s: &str) -> bool {
+    // Kubernetes' limits: a DNS subdomain is at most 253 characters, a name segment at most 63.
+    const MAX_DOMAIN: usize = 253;
+    const MAX_NAME: usize = 63;
+    let Some((domain, name)) = s.split_once('/') else {
+        return false;
+    };
+    let alphanumeric_ends = |part: &str| {
+        part.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && part.ends_with(|c: char| c.is_ascii_alphanumeric())
+    };
+    let domain_ok = domain.len() <= MAX_DOMAIN
+        && domain.split('.').all(|label| {
+            alphanumeric_ends(label)
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        });
+    let name_ok = name.len() <= MAX_NAME
+        && alphanumeric_ends(name)
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    let native = domain == "kubernetes.io" || domain.ends_with(".kubernetes.io");
+    domain_ok && name_ok && !native && !s.starts_with("requests.")
+}
+
 /// Refuses to go on when a retired environment variable is set (`is_set` tells; the process
 /// passes a look-up of its environment, tests a fixed one).
 pub fn check_retired_variables(is_set: impl Fn(&str) -> bool) -> Result<(), Error> {
@@ -339,6 +377,10 @@ impl VocabularyArgs {
         if let Some(bad) = pools.iter().find(|p| !is_label_value(p)) {
             return Err(Error::PoolName(bad.clone()));
         }
+        let gpu_resource = self.gpu_resource.trim();
+        if !is_extended_resource(gpu_resource) {
+            return Err(Error::GpuResource(gpu_resource.to_string()));
+        }
         let pool_taints = self
             .pool_taints
             .iter()
@@ -350,7 +392,7 @@ impl VocabularyArgs {
             research_label,
             lent_label: non_empty(&self.lent_label),
             research_priority_class: non_empty(&self.research_priority_class),
-            gpu_resource: self.gpu_resource.trim().to_string(),
+            gpu_resource: gpu_resource.to_string(),
             pool_label,
             pools,
             pool_taints,
@@ -449,6 +491,45 @@ mod tests {
                 .as_deref(),
             Some("nightshift.io/pool in (h100,a100)")
         );
+    }
+
+    #[test]
+    fn the_gpu_resource_is_an_extended_resource_name() {
+        for good in [
+            "nvidia.com/gpu",
+            "amd.com/gpu",
+            "gpu.intel.com/i915",
+            "nvidia.com/mig-1g.5gb",
+            "habana.ai/gaudi",
+            " nvidia.com/gpu ",
+        ] {
+            assert_eq!(
+                parse(&[&format!("--gpu-resource={good}")])
+                    .map(|v| v.gpu_resource)
+                    .as_deref(),
+                Ok(good.trim()),
+                "{good}"
+            );
+        }
+        for bad in [
+            "",
+            "gpu",
+            "nvidia.com/",
+            "/gpu",
+            "nvidia.com/gpu/0",
+            "Nvidia.com/gpu",
+            "nvidia..com/gpu",
+            "nvidia.com/-gpu",
+            "nvidia.com/g pu",
+            "kubernetes.io/gpu",
+            "devices.kubernetes.io/gpu",
+            "requests.nvidia.com/gpu",
+        ] {
+            let err = parse(&[&format!("--gpu-resource={bad}")]).expect_err(bad);
+            assert_eq!(err, Error::GpuResource(bad.trim().to_string()).to_string());
+        }
+        let long_name = format!("nvidia.com/{}", "g".repeat(64));
+        assert!(parse(&[&format!("--gpu-resource={long_name}")]).is_err());
     }
 
     #[test]

@@ -405,3 +405,25 @@ async fn readiness_is_served_over_tls_and_follows_the_caches() {
     let resp = server.client.get(&url).send().await.expect("request sent");
     assert_eq!(resp.status(), StatusCode::OK);
 }
+
+#[test]
+fn a_gpu_resource_no_container_can_request_stops_start_up_with_the_option_named() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nightshift"))
+        .args(["webhook", "--gpu-resource=gpu"])
+        // No cluster to reach: the refusal must come before any connection is tried.
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .expect("run nightshift");
+    assert!(!out.status.success(), "{out:?}");
+    // The error goes to the log, wherever the logger writes it.
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        log.contains(r#"--gpu-resource: \"gpu\" is not an extended resource name"#),
+        "{log}"
+    );
+}
