@@ -249,6 +249,11 @@ pub fn build(report: &StatusReport, timeline: Timeline<'_>, namespace: Option<&s
         })
         .collect();
     let now = report.generated_at.as_second();
+    // The charts' windows end with `now` included and span exactly a day and a week, so that
+    // they fall into whole buckets (288 and 168) and the last point is a full bucket's mean,
+    // not a bucket of the last second alone.
+    let until = now + 1;
+    let (day_from, week_from) = (until - DAY, until - WEEK);
     View {
         generated_at: report.generated_at,
         namespace: namespace.map(str::to_string),
@@ -275,11 +280,11 @@ pub fn build(report: &StatusReport, timeline: Timeline<'_>, namespace: Option<&s
             samples: history.len(),
             max_bytes: history::MAX_BYTES,
             services_max_bytes: services::MAX_BYTES,
-            day: history.series(now - DAY, now + 1, DAY_BUCKET),
-            week: history.series(now - WEEK, now + 1, WEEK_BUCKET),
+            day: history.series(day_from, until, DAY_BUCKET),
+            week: history.series(week_from, until, WEEK_BUCKET),
             services: timeline
                 .services
-                .series(now - WEEK, now + 1, WEEK_BUCKET)
+                .series(week_from, until, WEEK_BUCKET)
                 .into_iter()
                 .map(|s| ServiceChart {
                     namespace: s.namespace,
@@ -984,7 +989,8 @@ mod tests {
     #[test]
     fn charts_draw_one_band_per_use_over_the_samples() {
         let mut h = History::new();
-        let start = now().as_second() - 3 * 3600;
+        // The last three hours, a sample a minute, the last one now.
+        let start = now().as_second() - 3 * 3600 + 60;
         for i in 0..180 {
             h.record(Sample {
                 at: start + i * 60,
@@ -1008,6 +1014,32 @@ mod tests {
         }
         assert!(html.contains("holds 180 samples since"));
         assert!(html.contains(">-24h<") && html.contains(">-7d<") && html.contains(">now<"));
+    }
+
+    #[test]
+    fn a_full_week_of_samples_makes_whole_buckets_up_to_now() {
+        let mut h = History::new();
+        let now = now().as_second();
+        let minutes = i64::try_from(history::CAPACITY).expect("capacity");
+        for i in (0..minutes).rev() {
+            h.record(Sample {
+                at: now - i * 60,
+                inference: 2,
+                research: 5,
+                free: 1,
+                headroom: 8,
+            });
+        }
+        let v = view_of(&report(), &h, None);
+        assert_eq!(v.charts.day.len(), 288, "a day of 5-minute points");
+        assert_eq!(v.charts.week.len(), 168, "a week of hourly points");
+        let last = v.charts.day.last().expect("a point");
+        assert_eq!(
+            last.at,
+            now + 1 - 300,
+            "the last point is the last five minutes"
+        );
+        assert_eq!(v.charts.week.last().expect("a point").at, now + 1 - 3600);
     }
 
     #[test]

@@ -214,7 +214,11 @@ async fn the_json_holds_the_same_figures_for_scripts() {
         .expect("team-a");
     assert_eq!((team_a.gpus_now, team_a.waiting_pods), (2, 1));
     assert_eq!(v.preemptions.len(), 1);
-    assert_eq!(v.charts.day.len(), 289, "24 h of 5-minute points and now");
+    assert_eq!(
+        v.charts.day.len(),
+        288,
+        "24 h of 5-minute points, the last ending now"
+    );
     assert!(v.charts.week.len() >= 24);
     let llama = &v.charts.services[0];
     assert_eq!(
