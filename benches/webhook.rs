@@ -1,8 +1,8 @@
 //! Cost of one admission review: the pure `mutate()` on a realistic 10 KB pod (as the review reads
 //! it), the whole review (parse, mutate, encode) without the network, and beside them the parse's
 //! own floor: only tokenizing the review's JSON text (nothing built), then the review's parse;
-//! and the whole review again as a server meets it, with 4 MiB
-//! of memory touched, or the thread asleep 0.5 ms (`NIGHTSHIFT_BENCH_IDLE_US`), before each, and
+//! and the whole review again as a server meets it, with 4 MiB of memory touched, the thread
+//! asleep 0.5 ms (`NIGHTSHIFT_BENCH_IDLE_US`), or the thread spinning as long, before each, and
 //! the parse and its tokenizing after the same sleep (only the review or the step timed; these
 //! lines take about ten times their measurement time).
 //!
@@ -104,6 +104,21 @@ fn benches(c: &mut Criterion) {
     after_sleep(c, idle, "review 10KB pod", || {
         rt.block_on(reviewer.review(black_box(&body)))
     });
+    // The same interval with the thread busy instead: what the review loses to time passing
+    // on the machine, apart from what its core's idle costs it.
+    let name = format!(
+        "review 10KB pod, the thread spinning {} µs before each",
+        idle.as_micros()
+    );
+    c.bench_function(&name, |b| {
+        b.iter_custom(|iters| {
+            timed_after(
+                iters,
+                || spin(idle),
+                || rt.block_on(reviewer.review(black_box(&body))),
+            )
+        })
+    });
     // Which of the review's steps the idle makes dearer: its parse, and the parse's tokenizing
     // alone, after the same sleep.
     after_sleep(c, idle, "parse 10KB review (review::parse)", || {
@@ -123,6 +138,14 @@ fn after_sleep<T>(c: &mut Criterion, idle: Duration, what: &str, mut routine: im
     c.bench_function(&name, |b| {
         b.iter_custom(|iters| timed_after(iters, || std::thread::sleep(idle), &mut routine))
     });
+}
+
+/// Keeps the thread running for `interval`, touching no memory: its core never idles.
+fn spin(interval: Duration) {
+    let until = Instant::now() + interval;
+    while Instant::now() < until {
+        std::hint::spin_loop();
+    }
 }
 
 /// More than the second-level cache of the machines measured, so that a review after it reads
