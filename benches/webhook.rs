@@ -13,6 +13,8 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[path = "support/busy.rs"]
+mod busy;
 #[path = "support/caches.rs"]
 mod caches;
 #[path = "support/pod.rs"]
@@ -106,18 +108,8 @@ fn benches(c: &mut Criterion) {
     });
     // The same interval with the thread busy instead: what the review loses to time passing
     // on the machine, apart from what its core's idle costs it.
-    let name = format!(
-        "review 10KB pod, the thread spinning {} µs before each",
-        idle.as_micros()
-    );
-    c.bench_function(&name, |b| {
-        b.iter_custom(|iters| {
-            timed_after(
-                iters,
-                || spin(idle),
-                || rt.block_on(reviewer.review(black_box(&body))),
-            )
-        })
+    after_wait(c, idle, Wait::Spinning, "review 10KB pod", || {
+        rt.block_on(reviewer.review(black_box(&body)))
     });
     // Which of the review's steps the idle makes dearer: its parse, and the parse's tokenizing
     // alone, after the same sleep.
@@ -130,22 +122,38 @@ fn benches(c: &mut Criterion) {
 }
 
 /// Times `routine` alone, each call after the thread slept `idle`, the core idle meanwhile.
-fn after_sleep<T>(c: &mut Criterion, idle: Duration, what: &str, mut routine: impl FnMut() -> T) {
-    let name = format!(
-        "{what}, the thread asleep {} µs before each",
-        idle.as_micros()
-    );
-    c.bench_function(&name, |b| {
-        b.iter_custom(|iters| timed_after(iters, || std::thread::sleep(idle), &mut routine))
-    });
+fn after_sleep<T>(c: &mut Criterion, idle: Duration, what: &str, routine: impl FnMut() -> T) {
+    after_wait(c, idle, Wait::Asleep, what, routine);
 }
 
-/// Keeps the thread running for `interval`, touching no memory: its core never idles.
-fn spin(interval: Duration) {
-    let until = Instant::now() + interval;
-    while Instant::now() < until {
-        std::hint::spin_loop();
-    }
+/// How the thread spends the interval before each timed call.
+#[derive(Clone, Copy)]
+enum Wait {
+    /// Sleeping: its core idles.
+    Asleep,
+    /// Spinning on the clock ([`busy::spin`]): its core never idles.
+    Spinning,
+}
+
+/// Times `routine` alone, each call after the thread waited `interval` as `wait` says.
+fn after_wait<T>(
+    c: &mut Criterion,
+    interval: Duration,
+    wait: Wait,
+    what: &str,
+    mut routine: impl FnMut() -> T,
+) {
+    let (state, before): (_, fn(Duration)) = match wait {
+        Wait::Asleep => ("asleep", std::thread::sleep),
+        Wait::Spinning => ("spinning", busy::spin),
+    };
+    let name = format!(
+        "{what}, the thread {state} {} µs before each",
+        interval.as_micros()
+    );
+    c.bench_function(&name, |b| {
+        b.iter_custom(|iters| timed_after(iters, || before(interval), &mut routine))
+    });
 }
 
 /// More than the second-level cache of the machines measured, so that a review after it reads

@@ -43,6 +43,8 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[path = "support/busy.rs"]
+mod busy;
 #[path = "support/cpu_time.rs"]
 mod cpu_time;
 #[path = "support/generator.rs"]
@@ -399,10 +401,7 @@ fn transport_floor_router(answer: axum::body::Bytes, work: Duration) -> axum::Ro
                 // Only when asked: the default floor reads no clock, so that it stays the bare
                 // transport it is measured as.
                 if !work.is_zero() {
-                    let started = Instant::now();
-                    while started.elapsed() < work {
-                        std::hint::spin_loop();
-                    }
+                    busy::spin(work);
                 }
                 (
                     [(axum::http::header::CONTENT_TYPE, "application/json")],
