@@ -4,6 +4,7 @@
 //! - [`mutate`]: the pure decision (is this a research pod?) and patch building.
 //! - [`cluster`]: namespace labels and PriorityClasses from watched caches, behind a trait.
 //! - [`review`]: AdmissionReview parsing, answers and metrics.
+//! - [`queue`]: the reviews of all connections taken in turn by one task.
 //! - [`server`] and [`tls`]: HTTPS with hot-reloaded certificates ([`crate::tls`]).
 //! - [`certs`]: `nightshift certs generate`.
 //!
@@ -22,6 +23,7 @@ pub mod certs;
 pub mod cluster;
 pub mod mutate;
 pub mod pod_fields;
+pub mod queue;
 pub mod review;
 pub mod server;
 pub mod tls;

@@ -97,6 +97,7 @@ struct OutcomeLabels {
 pub struct Metrics {
     admissions: Family<OutcomeLabels, Counter>,
     latency: Histogram,
+    wait: Histogram,
     patch_operations: Counter,
 }
 
@@ -109,6 +110,11 @@ impl Default for Metrics {
             latency: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
                 0.000_05, 2.0, 15,
             )),
+            // 10 µs … ~0.65 s: a review waits for the reviews taken before it, 10-30 µs each,
+            // so a wait below 10 µs is no wait and one of milliseconds is a long backlog.
+            wait: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                0.000_01, 2.0, 17,
+            )),
             patch_operations: Counter::default(),
         }
     }
@@ -116,7 +122,8 @@ impl Default for Metrics {
 
 impl Metrics {
     /// Registers the metrics (`webhook_admissions_total{outcome}`,
-    /// `webhook_admission_duration_seconds`, `webhook_patch_operations_total`).
+    /// `webhook_admission_duration_seconds`, `webhook_admission_wait_seconds`,
+    /// `webhook_patch_operations_total`).
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "webhook_admissions",
@@ -127,6 +134,12 @@ impl Metrics {
             "webhook_admission_duration_seconds",
             "Time to answer one admission review, from body received to answer encoded",
             self.latency.clone(),
+        );
+        registry.register(
+            "webhook_admission_wait_seconds",
+            "Part of webhook_admission_duration_seconds a review spent waiting for its turn \
+             behind the reviews received before it",
+            self.wait.clone(),
         );
         registry.register(
             "webhook_patch_operations",
@@ -170,7 +183,13 @@ pub struct Reviewer {
 impl Reviewer {
     /// Answers one review body. Never panics on any input.
     pub async fn review(&self, body: &[u8]) -> Answer {
-        let started = Instant::now();
+        self.review_received(body, Instant::now()).await
+    }
+
+    /// Answers one review body received at `received` (the latency metric counts from there,
+    /// and the time until now is the review's wait).
+    pub async fn review_received(&self, body: &[u8], received: Instant) -> Answer {
+        self.metrics.wait.observe(received.elapsed().as_secs_f64());
         let (answer, outcome) = match self.review_inner(body).await {
             Ok((response, outcome)) => match encode(response) {
                 Ok(bytes) => (Answer::Review(bytes), outcome),
@@ -184,7 +203,7 @@ impl Reviewer {
         self.metrics.count(outcome);
         self.metrics
             .latency
-            .observe(started.elapsed().as_secs_f64());
+            .observe(received.elapsed().as_secs_f64());
         answer
     }
 

@@ -24,6 +24,7 @@ use crate::{
 
 use super::{
     Error,
+    queue::ReviewQueue,
     review::{Answer, Reviewer},
 };
 
@@ -75,18 +76,19 @@ impl Default for Limits {
     }
 }
 
-/// The webhook's routes: `POST /mutate`, and `GET /readyz` (the process's readiness, so that the
-/// kubelet's HTTPS probe checks this TLS server too). Bodies above `max_body_bytes` get HTTP 413.
+/// The webhook's routes: `POST /mutate`, reviewed in turn ([`ReviewQueue`]), and `GET /readyz`
+/// (the process's readiness, so that the kubelet's HTTPS probe checks this TLS server too).
+/// Bodies above `max_body_bytes` get HTTP 413.
 pub fn router(reviewer: Reviewer, max_body_bytes: usize, readiness: Readiness) -> Router {
     Router::new()
         .route("/mutate", post(mutate))
         .layer(DefaultBodyLimit::max(max_body_bytes))
-        .with_state(Arc::new(reviewer))
+        .with_state(Arc::new(ReviewQueue::new(reviewer)))
         .merge(admin::readiness_router(readiness))
 }
 
-async fn mutate(State(reviewer): State<Arc<Reviewer>>, body: Bytes) -> Response {
-    match reviewer.review(&body).await {
+async fn mutate(State(queue): State<Arc<ReviewQueue>>, body: Bytes) -> Response {
+    match queue.review(body).await {
         Answer::Review(json) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],
