@@ -6,13 +6,14 @@
 //! records, HTTP framing, the kernel's TCP) runs each with the other's code and data in its
 //! caches. Taken in turn, the reviews of all the connections with a request ready run one after
 //! the other, with their own; on the 2-core machine of docs/performance.md ("Reviews taken in
-//! turn") the saturated rate went from 41-46 % to 54-62 % of the transport floor's.
+//! turn") the saturated rate went from 41-45 % to 54-57 % of the transport floor's.
 //!
 //! How a batch forms: the task, woken by a first body, reviews it at once, then yields to the
 //! runtime, which runs the other connections that have a request ready (each hands its body
 //! over) before it comes back; it then reviews everything waiting, and yields again, until a
-//! pass brings nothing. Reviews further apart than [`TAKE_TURNS_WITHIN`] are answered on their
-//! connection's own task: at a moderate rate there is no batch to form.
+//! pass brings nothing. A review received more than [`TAKE_TURNS_WITHIN`] after the last
+//! answer is answered on its connection's own task: at a moderate rate there is no batch to
+//! form.
 //!
 //! A review waits on nothing but the namespace lookup, which the watched cache answers at once.
 //! A review whose lookup has to ask the API server (a namespace newer than the cache) is not
@@ -57,7 +58,7 @@ pub struct ReviewQueue {
     within: Duration,
 }
 
-/// Reviews received closer together than this are taken in turn; further apart, each is
+/// Reviews received less than this after the last answer are taken in turn; later, each is
 /// answered on its connection's task. A saturated server answers a request every 25-70 µs
 /// (the transport's floor plus a review, docs/performance.md), while at 2,000 reviews/s they
 /// come 500 µs apart: there, no other connection has a request ready to join a batch, and the
@@ -75,8 +76,8 @@ impl ReviewQueue {
         }
     }
 
-    /// Answers one review body: in turn with the others waiting when reviews come close
-    /// together ([`TAKE_TURNS_WITHIN`]), else at once. Never panics on any input.
+    /// Answers one review body: in turn with the others waiting when it comes close behind the
+    /// last answer ([`TAKE_TURNS_WITHIN`]), else at once. Never panics on any input.
     pub async fn review(&self, body: Bytes) -> Answer {
         let received = Instant::now();
         let answer = match self.jobs().filter(|_| self.busy(received)) {
