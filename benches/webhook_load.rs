@@ -120,9 +120,7 @@ fn main() {
         },
         &body,
     );
-    let mut registry = prometheus_client::registry::Registry::default();
-    reviewer.metrics.register(&mut registry);
-    let _ = REVIEWS.set(registry);
+    let _ = REVIEWS.set(reviewer.metrics.clone());
     let router = server::router(reviewer, 3 << 20, nightshift::admin::Readiness::default());
     let webhook = Server::start(router, tls.clone(), pinning.server_cores);
     let ca = dir.path().join(certs::CA_CERT);
@@ -428,28 +426,15 @@ struct ServerUsage {
 }
 
 /// The webhook's metrics, read around each run for the review's own time in the server.
-static REVIEWS: std::sync::OnceLock<prometheus_client::registry::Registry> =
-    std::sync::OnceLock::new();
+static REVIEWS: std::sync::OnceLock<Metrics> = std::sync::OnceLock::new();
 
-/// The count of the webhook's `webhook_admission_duration_seconds` histogram, and its sum less
-/// that of `webhook_admission_wait_seconds` (the reviews' time in their turn, not waiting for
-/// it).
+/// How many reviews the webhook timed, and their time in seconds less their wait for their turn
+/// (the reviews' time in their turn).
 fn reviewed() -> (u64, f64) {
-    let mut text = String::new();
-    if let Some(registry) = REVIEWS.get() {
-        prometheus_client::encoding::text::encode(&mut text, registry).expect("metrics text");
-    }
-    let value = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (
-        value("webhook_admission_duration_seconds_count") as u64,
-        value("webhook_admission_duration_seconds_sum")
-            - value("webhook_admission_wait_seconds_sum"),
-    )
+    REVIEWS
+        .get()
+        .map(Metrics::timed)
+        .map_or((0, 0.0), |t| (t.reviews, t.seconds - t.waiting))
 }
 
 impl ServerUsage {

@@ -161,6 +161,42 @@ impl Metrics {
             .get_or_create(&OutcomeLabels { outcome })
             .get()
     }
+
+    /// What the duration and wait histograms hold so far (for tests and benchmarks), read from
+    /// their text exposition, as a scrape would.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn timed(&self) -> Timed {
+        let mut registry = Registry::default();
+        self.register(&mut registry);
+        let mut text = String::new();
+        if prometheus_client::encoding::text::encode(&mut text, &registry).is_err() {
+            return Timed::default();
+        }
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        Timed {
+            reviews: value("webhook_admission_duration_seconds_count") as u64,
+            seconds: value("webhook_admission_duration_seconds_sum"),
+            waits: value("webhook_admission_wait_seconds_count") as u64,
+            waiting: value("webhook_admission_wait_seconds_sum"),
+        }
+    }
+}
+
+/// The counts and sums of the duration and wait histograms ([`Metrics::timed`]).
+#[cfg(any(test, feature = "test-support"))]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Timed {
+    /// Reviews timed, and their whole time in seconds, from body received to answer encoded.
+    pub reviews: u64,
+    pub seconds: f64,
+    /// Waits timed, and the seconds the reviews spent waiting for their turn.
+    pub waits: u64,
+    pub waiting: f64,
 }
 
 /// The answer to one HTTP request on `/mutate`.
