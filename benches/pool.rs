@@ -10,14 +10,14 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher;
 use nightshift::{
+    core::vocabulary::Vocabulary,
     pool::{
         accounting::{Ledger, NodeFacts, PodFacts, node_facts, pod_facts},
         controller::{Controller, LendingPolicy, Metrics},
-        fixtures::{node, pod},
         marks,
         windows::Windows,
     },
-    vocabulary::Vocabulary,
+    test_support::fixtures::{node, pod},
 };
 
 const NODES: usize = 1_000;

@@ -426,7 +426,7 @@ async fn warm(channel: &Channel, prom: SocketAddr) {
 
 /// What `--only KIND SECONDS` asks for (after `--bench`): calls of one kind only, from 64
 /// clients for that long, so that a profiler recording the server's cores sees one kind
-/// (docs/performance.md, "What a call adds in the server").
+/// (docs/performance.md, "How to re-measure").
 struct Only {
     get_metrics: bool,
     seconds: u64,

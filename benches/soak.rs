@@ -18,8 +18,6 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[path = "support/localhost_cert.rs"]
-mod localhost_cert;
 #[path = "support/pod.rs"]
 mod pod;
 #[path = "support/scaler_load.rs"]
@@ -32,18 +30,14 @@ use stats::{env_or, percentile};
 use std::{
     net::SocketAddr,
     path::Path,
-    sync::Arc,
     time::{Duration, Instant},
 };
 
 use axum::{Router, http::header::CONTENT_TYPE, routing::get};
 use nightshift::scaler::service::proto::external_scaler_client::ExternalScalerClient;
-use nightshift::webhook::{
-    certs,
-    cluster::FixedCluster,
-    mutate::MutationPolicy,
-    review::{Metrics, Reviewer},
-    server,
+use nightshift::{
+    test_support,
+    webhook::{certs, server},
 };
 use tokio_util::sync::CancellationToken;
 
@@ -159,17 +153,13 @@ fn main() {
 
 async fn webhook(secs: u64, every: u64, rate: f64, warm_up: usize) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (_, tls) = localhost_cert::generate(dir.path());
-    let reviewer = Reviewer {
-        policy: Arc::new(MutationPolicy::default()),
-        cluster: Arc::new(
-            FixedCluster::default()
-                .with_namespace("research", &[("nightshift.io/research", "true")])
-                .with_class("nightshift-research", -1000, "Never"),
-        ),
-        metrics: Metrics::default(),
-    };
-    let router = server::router(reviewer, 3 << 20, nightshift::admin::Readiness::default());
+    let (_, tls) = test_support::certs::generate(dir.path());
+    let reviewer = test_support::webhook::research_reviewer();
+    let router = server::router(
+        reviewer,
+        3 << 20,
+        nightshift::runtime::admin::Readiness::default(),
+    );
     // The server on a runtime of its own, so that the load generator's tasks never queue on its
     // workers and count as latency.
     let server_rt = tokio::runtime::Builder::new_multi_thread()

@@ -12,17 +12,17 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use jiff::Timestamp;
 use kube::runtime::watcher;
 use nightshift::{
+    core::vocabulary::Vocabulary,
     pool::{
         controller::{Controller, LendingPolicy, Metrics},
-        fixtures::{node, pod},
         history::{CAPACITY, SAMPLE_SECONDS, Sample},
         windows::Windows,
     },
+    test_support::fixtures::{node, pod},
     view::{
         page::{self, HistoryOrigin, Timeline},
         services::{POINTS, STEP, ServiceKey, Services},
     },
-    vocabulary::Vocabulary,
 };
 
 const NODES: usize = 1_000;

@@ -30,11 +30,13 @@ use std::{
 };
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use nightshift::webhook::{
-    cluster::FixedCluster,
-    mutate::{MutationPolicy, PriorityClassInfo, mutate},
-    pod_fields::AdmittedPod,
-    review::{Metrics, Reviewer, parse},
+use nightshift::{
+    test_support,
+    webhook::{
+        mutate::{MutationPolicy, PriorityClassInfo, mutate},
+        pod_fields::AdmittedPod,
+        review::parse,
+    },
 };
 
 fn benches(c: &mut Criterion) {
@@ -60,15 +62,10 @@ fn benches(c: &mut Criterion) {
     });
 
     let body = serde_json::to_vec(&pod::admission_review(doc)).expect("review");
-    let reviewer = Reviewer {
-        policy: Arc::new(policy),
-        cluster: Arc::new(
-            FixedCluster::default()
-                .with_namespace("research", &[("nightshift.io/research", "true")])
-                .with_class("nightshift-research", -1000, "Never"),
-        ),
-        metrics: Metrics::default(),
-    };
+    let reviewer = test_support::webhook::reviewer(
+        policy,
+        Arc::new(test_support::webhook::research_cluster()),
+    );
     // The parse's floor: the same text checked as JSON and nothing built, as `review::parse`
     // reads it (as text, once checked to be UTF-8).
     let text = std::str::from_utf8(&body).expect("UTF-8");

@@ -50,8 +50,6 @@ mod busy;
 mod cpu_time;
 #[path = "support/generator.rs"]
 mod generator;
-#[path = "support/localhost_cert.rs"]
-mod localhost_cert;
 #[path = "support/pinning.rs"]
 mod pinning;
 #[path = "support/pod.rs"]
@@ -67,12 +65,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use nightshift::webhook::{
-    certs,
-    cluster::FixedCluster,
-    mutate::MutationPolicy,
-    review::{Answer, Metrics, Reviewer},
-    server,
+use nightshift::{
+    test_support,
+    webhook::{
+        certs,
+        review::{Answer, Metrics, Reviewer},
+        server,
+    },
 };
 use tokio_util::sync::CancellationToken;
 
@@ -101,16 +100,8 @@ fn main() {
     shipped_logging();
     nightshift::install_crypto_provider();
     let dir = tempfile::tempdir().expect("tempdir");
-    let (_, tls) = localhost_cert::generate(dir.path());
-    let reviewer = Reviewer {
-        policy: Arc::new(MutationPolicy::default()),
-        cluster: Arc::new(
-            FixedCluster::default()
-                .with_namespace("research", &[("nightshift.io/research", "true")])
-                .with_class("nightshift-research", -1000, "Never"),
-        ),
-        metrics: Metrics::default(),
-    };
+    let (_, tls) = test_support::certs::generate(dir.path());
+    let reviewer = test_support::webhook::research_reviewer();
     let body = serde_json::to_vec(&pod::admission_review(pod::realistic_pod())).expect("body");
     // Reviewed by a copy with metrics of its own, so that the webhook's counters start at zero.
     let answer = canned_answer(
@@ -121,7 +112,11 @@ fn main() {
         &body,
     );
     let _ = REVIEWS.set(reviewer.metrics.clone());
-    let router = server::router(reviewer, 3 << 20, nightshift::admin::Readiness::default());
+    let router = server::router(
+        reviewer,
+        3 << 20,
+        nightshift::runtime::admin::Readiness::default(),
+    );
     let webhook = Server::start(router, tls.clone(), pinning.server_cores);
     let ca = dir.path().join(certs::CA_CERT);
     let body_file = dir.path().join("review.json");
@@ -321,7 +316,11 @@ struct Server {
 const SERVER_THREAD: &str = "webhook-bench";
 
 impl Server {
-    fn start(router: axum::Router, tls: Arc<nightshift::tls::ServerTls>, workers: usize) -> Self {
+    fn start(
+        router: axum::Router,
+        tls: Arc<nightshift::runtime::tls::ServerTls>,
+        workers: usize,
+    ) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers.max(1))
             .enable_all()
@@ -362,7 +361,7 @@ fn shipped_logging() {
     #[derive(Parser)]
     struct Logging {
         #[command(flatten)]
-        log: nightshift::telemetry::LogArgs,
+        log: nightshift::runtime::telemetry::LogArgs,
     }
     Logging::parse_from(["webhook_load"])
         .log

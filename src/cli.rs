@@ -7,19 +7,19 @@ use clap::{Args, Parser, Subcommand};
 use futures::future::BoxFuture;
 
 use crate::{
-    admin::AdminArgs,
-    cluster,
-    duration::parse_duration,
+    core::duration::parse_duration,
+    core::vocabulary::VocabularyArgs,
     pool::{
         self, PoolArgs, StatusArgs,
         deliver::{DemandSource, Evaluated},
     },
     runtime::Context,
+    runtime::admin::AdminArgs,
+    runtime::cluster,
+    runtime::telemetry::LogArgs,
     scaler::{self, ScalerArgs},
     sim::SimArgs,
-    telemetry::LogArgs,
     view::{self, ViewArgs},
-    vocabulary::VocabularyArgs,
     webhook::{self, WebhookArgs, certs},
 };
 
@@ -188,7 +188,7 @@ struct Components {
     admin: AdminArgs,
     shutdown: ShutdownArgs,
     scaler: Option<ScalerArgs>,
-    /// The components that read the names shared through [`crate::vocabulary`], with them.
+    /// The components that read the names shared through [`crate::core::vocabulary`], with them.
     named: Option<Named>,
     /// Why this process cannot run without a Kubernetes cluster, if it cannot.
     needs_cluster: Option<&'static str>,
@@ -386,10 +386,8 @@ fn generate_certs(args: &certs::GenerateArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::{
-        controller::{Controller, Metrics},
-        fixtures::node,
-    };
+    use crate::pool::controller::{Controller, Metrics};
+    use crate::test_support::fixtures::node;
     use crate::webhook::mutate::{self, Classification, PriorityClassInfo};
     use jiff::Timestamp;
     use k8s_openapi::api::core::v1::Pod;

@@ -2,47 +2,32 @@
 //! nightshift lends idle LLM-inference GPUs to research jobs and takes them back the moment
 //! inference needs them.
 //!
-//! The crate is laid out along the architecture:
+//! The crate is laid out in floors; each imports only from the floors below it:
 //!
-//! - [`demand`]: the pure composite-demand math and the vLLM [`demand::Signal`]s, at the bottom:
-//!   it imports nothing of the crate; the scaler, the sources and the simulator build on it.
-//! - [`notice`]: the pure reclaim-notice decisions (when inference will need more replicas, and
-//!   which research pods the scheduler will preempt for them), beside [`demand`] at the bottom.
-//! - [`forecast`]: the pure forecast of a service's daily demand shape (by time of day and day
-//!   of week), beside [`demand`] at the bottom; the scaler's `forecast` signal and the simulator
-//!   share it.
-//! - [`scaler`]: the KEDA external scaler (gRPC) that turns vLLM metrics into demand.
-//! - [`sources`]: where vLLM metrics come from (Prometheus, direct scrape of vLLM pods).
-//! - [`webhook`]: the mutating admission webhook that marks research pods.
-//! - [`pool`]: spare-GPU accounting, spare marks on nodes, preemption tracking, status.
-//! - [`view`]: the researchers' web page of the pool (and its JSON), on a port of its own.
-//! - [`vocabulary`]: the names the webhook and the pool share (labels, PriorityClasses, the GPU
-//!   resource), set once for both.
-//! - [`sim`]: the trace-driven simulator that estimates the GPU-hours freed.
-//! - [`admin`], [`telemetry`], [`runtime`], [`cli`]: operations around them; [`tls`]: serving
-//!   TLS (certificates reloaded from disk, accept loop, expiry metric) for the webhook and the
-//!   scaler.
-//!
-//! Decision logic (demand, patches, accounting) is pure and lives apart from transport code.
+//! - [`core`]: the pure domain models (demand, learned capacity, forecast, reclaim notice,
+//!   the shared vocabulary, durations), shared by the live components and the simulator.
+//! - [`runtime`]: what the servers share around the components: the supervisor and its one
+//!   shutdown signal, the admin port, listener limits, serving TLS, the cluster connection, logs.
+//! - The components, peers of each other: [`scaler`] (the KEDA external scaler, gRPC),
+//!   [`sources`] (where vLLM metrics come from: Prometheus, direct scrapes of vLLM pods),
+//!   [`webhook`] (the mutating admission webhook that marks research pods), [`pool`] (spare-GPU
+//!   accounting, spare marks, reclaim notices, preemption tracking, status) and [`view`] (the
+//!   researchers' web page of the pool and its JSON).
+//! - [`sim`]: the trace-driven simulator, built on [`core`] alone.
+//! - [`cli`]: the command line, which starts the components on the runtime.
+//! - `test_support`: fixtures, a fixed cluster, certificates, a vLLM emulator and the webhook
+//!   as the suites set it up; for tests and benchmarks only (feature `test-support`).
 
-pub mod admin;
-pub mod capacity;
 pub mod cli;
-pub mod cluster;
-pub mod demand;
-pub mod duration;
-pub mod forecast;
-pub mod listen;
-pub mod notice;
+pub mod core;
 pub mod pool;
 pub mod runtime;
 pub mod scaler;
 pub mod sim;
 pub mod sources;
-pub mod telemetry;
-pub mod tls;
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_support;
 pub mod view;
-pub mod vocabulary;
 pub mod webhook;
 
 /// Installs the process-wide rustls crypto provider (aws-lc-rs).

@@ -5,7 +5,7 @@ use clap::Parser;
 
 /// mimalloc instead of glibc malloc: the webhook's reviews and the scaler's calls make many small
 /// short-lived allocations, which glibc served at a quarter of the webhook's CPU
-/// (docs/performance.md, "Where a review's CPU goes").
+/// (docs/performance.md, "Admission webhook").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

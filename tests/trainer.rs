@@ -17,7 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use nightshift::vocabulary::{NOTICE_FILE, NOTICE_FILE_ENV, RECLAIM_NOTICE_ANNOTATION};
+use nightshift::core::vocabulary::{NOTICE_FILE, NOTICE_FILE_ENV, RECLAIM_NOTICE_ANNOTATION};
 use serde_json::Value;
 
 /// How long the trainer may take to react. It polls the notice file once a second; the rest is

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{Container, Node, Pod};
 use serde::{Deserialize, Serialize};
 
 use super::owner::{Owner, owner_of};
-use crate::vocabulary::{
+use crate::core::vocabulary::{
     CHECKPOINT_PATH_ANNOTATION, CHECKPOINT_PORT_ANNOTATION, CHECKPOINTED_AT_ANNOTATION,
     DEFAULT_CHECKPOINT_PATH, RECLAIM_NOTICE_ANNOTATION, TRUE, Vocabulary,
 };
@@ -723,16 +723,14 @@ pub fn lost_work(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        pool::fixtures::{node, pod},
-        vocabulary::GPU_RESOURCE,
-    };
+    use crate::core::vocabulary::GPU_RESOURCE;
+    use crate::test_support::fixtures::{node, pod};
     use std::sync::LazyLock;
 
     /// The default names.
     static R: LazyLock<Vocabulary> = LazyLock::new(Vocabulary::default);
 
-    fn req(p: crate::pool::fixtures::PodBuilder) -> Option<u64> {
+    fn req(p: crate::test_support::fixtures::PodBuilder) -> Option<u64> {
         pod_gpu_request(&p.build(), GPU_RESOURCE)
     }
 
@@ -902,7 +900,7 @@ mod tests {
         assert!(is_research(&pod("a", "p").research_priority().build(), &R));
         assert!(is_research(
             &pod("a", "p")
-                .label(crate::vocabulary::RESEARCH_LABEL, "true")
+                .label(crate::core::vocabulary::RESEARCH_LABEL, "true")
                 .build(),
             &R
         ));
@@ -972,7 +970,10 @@ mod tests {
         assert_eq!((g.protected, g.lent, g.free), (2, 4, 2));
     }
 
-    fn ledger(nodes: &[(&str, u64)], pods: Vec<crate::pool::fixtures::PodBuilder>) -> Ledger {
+    fn ledger(
+        nodes: &[(&str, u64)],
+        pods: Vec<crate::test_support::fixtures::PodBuilder>,
+    ) -> Ledger {
         let mut l = Ledger::new();
         l.replace_nodes(
             nodes

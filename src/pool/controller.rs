@@ -29,7 +29,7 @@ use super::{
     status::{NamespaceStatus, NodeStatus, ResearchPod, StatusReport},
     windows::Windows,
 };
-use crate::vocabulary::Vocabulary;
+use crate::core::vocabulary::Vocabulary;
 
 /// How many recent disruptions `/status` shows: enough for a researcher to find theirs without
 /// the list growing without bound.
@@ -319,7 +319,7 @@ impl Controller {
     }
 
     /// Sets when reclaim notices are given and withdrawn.
-    pub fn set_notice_policy(&mut self, policy: crate::notice::NoticePolicy) {
+    pub fn set_notice_policy(&mut self, policy: crate::core::notice::NoticePolicy) {
         self.reclaim = Reclaim::new(policy);
     }
 
@@ -592,7 +592,7 @@ impl Controller {
     pub fn reconcile(&mut self, now: Timestamp, instant: tokio::time::Instant) -> Vec<LabelPatch> {
         self.lending_open = self.policy.windows.open(now);
         self.plan = marks::plan(&self.ledger, self.policy.headroom, self.lending_open);
-        let paused = !crate::notice::may_lend(self.reclaim.given());
+        let paused = !crate::core::notice::may_lend(self.reclaim.given());
         let reclaiming = self.reclaim.reclaiming();
         self.plan
             .hold_back(|node| paused || reclaiming.contains(node));
@@ -835,12 +835,9 @@ pub fn load_stores(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::{
-        fixtures::{node, pod},
-        marks::Verdict,
-        notices,
-    };
-    use crate::vocabulary::CHECKPOINTED_AT_ANNOTATION;
+    use crate::core::vocabulary::CHECKPOINTED_AT_ANNOTATION;
+    use crate::pool::{marks::Verdict, notices};
+    use crate::test_support::fixtures::{node, pod};
     use kube::runtime::reflector::store;
     use std::time::Duration;
 
@@ -929,8 +926,8 @@ mod tests {
 
     #[test]
     fn a_reclaim_notice_is_told_lending_stops_where_the_replica_lands_and_the_preemption_counts() {
+        use crate::core::vocabulary::RECLAIM_NOTICE_ANNOTATION;
         use crate::pool::reclaim::{Action, ServiceDemand};
-        use crate::vocabulary::RECLAIM_NOTICE_ANNOTATION;
         let start = now() - jiff::SignedDuration::from_hours(1);
         let mut c = loaded(
             0,

@@ -8,7 +8,7 @@
 //! the controller: the API calls run on their own task, checkpoint calls on tasks of their own,
 //! bounded in time and in number.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use futures::future::BoxFuture;
 use jiff::Timestamp;
@@ -32,7 +32,7 @@ use super::{
     accounting::{Hook, pod_gpu_request},
     reclaim::{Action, Change, ServiceDemand},
 };
-use crate::vocabulary::{RECLAIM_NOTICE_ANNOTATION, RECLAIM_NOTICE_CONDITION};
+use crate::core::vocabulary::{RECLAIM_NOTICE_ANNOTATION, RECLAIM_NOTICE_CONDITION};
 
 /// How often notices are decided: the scaler's demand moves within seconds, while KEDA polls
 /// every 30 s and the HPA syncs every 15 s by default, so a 5 s pass leaves the notice well
@@ -72,9 +72,12 @@ pub trait DemandSource: Send + Sync {
         &self,
         namespace: String,
         name: String,
-        metadata: crate::scaler::metadata::Table,
+        metadata: TriggerMetadata,
     ) -> BoxFuture<'static, Evaluated>;
 }
+
+/// A trigger's `metadata` as KEDA hands it to a scaler: every value a string, keys in order.
+pub type TriggerMetadata = BTreeMap<String, String>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
@@ -192,7 +195,7 @@ async fn read_service(
 }
 
 /// A trigger's metadata as strings (KEDA's own rule: every value is a string).
-fn string_map(v: Option<&serde_json::Value>) -> Option<crate::scaler::metadata::Table> {
+fn string_map(v: Option<&serde_json::Value>) -> Option<TriggerMetadata> {
     v?.as_object()?
         .iter()
         .map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::accounting::{Ledger, NodeFacts, NodeGpus};
-use crate::vocabulary::{TRUE, Vocabulary};
+use crate::core::vocabulary::{TRUE, Vocabulary};
 
 /// Value of the spare label on spare nodes. Non-spare nodes carry neither mark.
 pub const SPARE_VALUE: &str = TRUE;
@@ -195,10 +195,8 @@ pub fn diff(ledger: &Ledger, plan: &Plan) -> Vec<LabelPatch> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::{
-        accounting::{node_facts, pod_facts},
-        fixtures::{NodeBuilder, PodBuilder, node, pod},
-    };
+    use crate::pool::accounting::{node_facts, pod_facts};
+    use crate::test_support::fixtures::{NodeBuilder, PodBuilder, node, pod};
 
     fn ledger(nodes: Vec<NodeBuilder>, pods: Vec<PodBuilder>) -> Ledger {
         let names = Vocabulary::default();

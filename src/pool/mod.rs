@@ -14,17 +14,14 @@
 //! - [`lease`]: leader election over a Lease, so that one replica writes.
 //! - [`run`]: the running controller: election, watches, patches, the `/status` route.
 //! - [`report`]: `nightshift status`, a one-shot report from the cluster or a running server.
-//! - `fixtures`: pod and node builders for tests and benchmarks (feature `test-support`).
 //!
 //! The names the pool reads (labels, the research PriorityClass, the GPU resource) come from
-//! [`crate::vocabulary`], shared with the webhook. This module owns the pool's options and its
-//! one error type, which it maps to HTTP in one place ([`Error::http_status`]).
+//! [`crate::core::vocabulary`], shared with the webhook. This module owns the pool's options and
+//! its one error type, which it maps to HTTP in one place ([`Error::http_status`]).
 
 pub mod accounting;
 pub mod controller;
 pub mod deliver;
-#[cfg(any(test, feature = "test-support"))]
-pub mod fixtures;
 pub mod history;
 pub mod lease;
 pub mod marks;
@@ -42,7 +39,7 @@ use std::time::Duration;
 use axum::{Json, http::StatusCode, response::IntoResponse};
 use clap::Args;
 
-use crate::vocabulary::{POOL_LABEL, SPARE_LABEL, Vocabulary};
+use crate::core::vocabulary::{POOL_LABEL, SPARE_LABEL, Vocabulary};
 use controller::LendingPolicy;
 use lease::LeaseError;
 use windows::Windows;
@@ -119,7 +116,7 @@ pub struct PoolArgs {
     pub identity: Option<String>,
 
     /// How long a silent leader keeps the Lease before a standby takes over (e.g. `15s`).
-    #[arg(long = "pool-lease-duration", env = "NIGHTSHIFT_POOL_LEASE_DURATION", default_value = "15s", value_parser = crate::duration::parse_duration)]
+    #[arg(long = "pool-lease-duration", env = "NIGHTSHIFT_POOL_LEASE_DURATION", default_value = "15s", value_parser = crate::core::duration::parse_duration)]
     pub lease_duration: Duration,
 
     #[command(flatten)]
@@ -136,26 +133,26 @@ pub struct NoticeArgs {
 
     /// How close (in replicas) a service's recent demand peak must come to its next replica for
     /// the pods that replica would preempt to be warned.
-    #[arg(long = "pool-notice-margin", env = "NIGHTSHIFT_POOL_NOTICE_MARGIN", default_value_t = crate::notice::NoticePolicy::default().margin)]
+    #[arg(long = "pool-notice-margin", env = "NIGHTSHIFT_POOL_NOTICE_MARGIN", default_value_t = crate::core::notice::NoticePolicy::default().margin)]
     pub margin: f64,
 
     /// How much further (in replicas) the peak must fall before a notice is withdrawn.
-    #[arg(long = "pool-notice-hysteresis", env = "NIGHTSHIFT_POOL_NOTICE_HYSTERESIS", default_value_t = crate::notice::NoticePolicy::default().hysteresis)]
+    #[arg(long = "pool-notice-hysteresis", env = "NIGHTSHIFT_POOL_NOTICE_HYSTERESIS", default_value_t = crate::core::notice::NoticePolicy::default().hysteresis)]
     pub hysteresis: f64,
 
     /// The window of demand whose peak is watched (e.g. `10m`).
-    #[arg(long = "pool-notice-window", env = "NIGHTSHIFT_POOL_NOTICE_WINDOW", default_value = "10m", value_parser = crate::duration::parse_duration)]
+    #[arg(long = "pool-notice-window", env = "NIGHTSHIFT_POOL_NOTICE_WINDOW", default_value = "10m", value_parser = crate::core::duration::parse_duration)]
     pub window: Duration,
 }
 
 impl NoticeArgs {
     /// The notice policy, or why the options are unusable.
-    pub fn policy(&self) -> Result<crate::notice::NoticePolicy, Error> {
+    pub fn policy(&self) -> Result<crate::core::notice::NoticePolicy, Error> {
         let ok = |v: f64| v.is_finite() && v >= 0.0;
         if !ok(self.margin) || !ok(self.hysteresis) {
             return Err(Error::BadNotice);
         }
-        Ok(crate::notice::NoticePolicy {
+        Ok(crate::core::notice::NoticePolicy {
             window_s: self.window.as_secs_f64(),
             margin: self.margin,
             hysteresis: self.hysteresis,

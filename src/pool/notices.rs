@@ -115,7 +115,7 @@ impl PodNotice {
                     ""
                 };
                 (
-                    crate::vocabulary::RECLAIM_NOTICE_EVENT_REASON,
+                    crate::core::vocabulary::RECLAIM_NOTICE_EVENT_REASON,
                     true,
                     format!(
                         "Inference service {service} is about to need more replicas, and the \
@@ -688,14 +688,14 @@ mod tests {
 
     #[test]
     fn pod_notices_carry_their_owner_and_detail() {
-        use crate::pool::{accounting::pod_facts, fixtures::pod};
+        use crate::{pool::accounting::pod_facts, test_support::fixtures::pod};
         let p = pod("team-a", "sft-0")
             .research()
             .on("gpu-2")
             .gpus(2)
             .owned_by("batch/v1", "Job", "sft")
             .build();
-        let facts = pod_facts(&p, &crate::vocabulary::Vocabulary::default());
+        let facts = pod_facts(&p, &crate::core::vocabulary::Vocabulary::default());
         let n = PodNotice::lent(&facts, "gpu-2", 2);
         assert_eq!(n.owner.map(|o| o.name), Some("sft".to_string()));
         assert_eq!(
@@ -708,7 +708,7 @@ mod tests {
         let inference = pod("inf", "llama")
             .owned_by("batch/v1", "Job", "batch-inference")
             .build();
-        let facts = pod_facts(&inference, &crate::vocabulary::Vocabulary::default());
+        let facts = pod_facts(&inference, &crate::core::vocabulary::Vocabulary::default());
         assert_eq!(facts.owner, None, "only research pods' owners are kept");
     }
 

@@ -264,12 +264,12 @@ impl Repeats {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::vocabulary::Vocabulary;
     use crate::pool::{
         accounting::{Ledger, node_facts, pod_facts},
-        fixtures::{NodeBuilder, PodBuilder, node, pod},
         marks,
     };
-    use crate::vocabulary::Vocabulary;
+    use crate::test_support::fixtures::{NodeBuilder, PodBuilder, node, pod};
     use proptest::prelude::*;
 
     fn at(s: &str) -> Timestamp {

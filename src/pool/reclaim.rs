@@ -2,8 +2,8 @@
 //! GPUs back, from each inference service's demand and the pool's ledger, and what changed since
 //! the last pass (notices to give, notices to withdraw).
 //!
-//! Pure: the decisions are [`crate::notice`]'s (when a service needs its next replicas, whom the
-//! scheduler preempts for them), the same code the simulator runs. This module feeds them the
+//! Pure: the decisions are [`crate::core::notice`]'s (when a service needs its next replicas, whom
+//! the scheduler preempts for them), the same code the simulator runs. This module feeds them the
 //! live ledger and keeps what was told, so a notice is given once and withdrawn once;
 //! [`super::run`] reads the demand and delivers the changes.
 
@@ -15,7 +15,7 @@ use super::{
     accounting::{Hook, Ledger, PodFacts},
     owner::Owner,
 };
-use crate::notice::{self, Candidate, NodeRoom, NoticePolicy, Watch};
+use crate::core::notice::{self, Candidate, NodeRoom, NoticePolicy, Watch};
 
 /// One inference service (a ScaledObject and its scale target) as a pass sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -298,11 +298,9 @@ fn candidate(pod: &PodFacts, now: Timestamp) -> Option<Candidate<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::{
-        accounting::pod_facts,
-        fixtures::{node, pod},
-    };
-    use crate::vocabulary::{RECLAIM_NOTICE_ANNOTATION, Vocabulary};
+    use crate::core::vocabulary::{RECLAIM_NOTICE_ANNOTATION, Vocabulary};
+    use crate::pool::accounting::pod_facts;
+    use crate::test_support::fixtures::{node, pod};
 
     fn t(s: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + s).expect("time")

@@ -13,7 +13,7 @@ use super::{
     node_selector,
     status::StatusReport,
 };
-use crate::vocabulary::Vocabulary;
+use crate::core::vocabulary::Vocabulary;
 
 /// Page size of the one-shot pod listing (the API server's usual page).
 const LIST_PAGE: u32 = 500;

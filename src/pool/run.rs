@@ -31,7 +31,7 @@ use super::{
     notices::{OwnerNotice, PodNotice},
     reclaim,
 };
-use crate::{admin::ReadyHandle, runtime::Context, vocabulary::Vocabulary};
+use crate::{core::vocabulary::Vocabulary, runtime::Context, runtime::admin::ReadyHandle};
 
 /// Field manager name for the label patches.
 const FIELD_MANAGER: &str = "nightshift-pool";

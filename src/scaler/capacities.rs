@@ -3,7 +3,7 @@
 //! totals of each successful evaluation and asked for the token-rate targets of that same
 //! evaluation.
 //!
-//! The learner is the pure [`crate::capacity`] model, the one the simulator runs; this module
+//! The learner is the pure [`crate::core::capacity`] model, the one the simulator runs; this module
 //! owns the map of learners (dropped with the ScaledObject's other state when it is no longer
 //! evaluated, or when its trigger stops learning) and what the explanation and the metrics show
 //! of them. Nothing is persisted: after a restart each service learns again from its next
@@ -18,7 +18,7 @@ use std::{
 };
 
 use super::{explain::CapacityView, metrics::ScalerMetrics};
-use crate::capacity::{CapacityConfig, LearnedCapacity, Throughput};
+use crate::core::capacity::{CapacityConfig, LearnedCapacity, Throughput};
 
 /// (namespace, name) of a ScaledObject.
 type Key = (String, String);

@@ -12,9 +12,9 @@ use tonic::{Code, Status};
 
 use super::metadata::MetadataError;
 use crate::{
-    demand::DemandError,
+    core::demand::DemandError,
+    runtime::tls,
     sources::{SourceError, policy::Denied},
-    tls,
 };
 
 /// Everything that can go wrong answering KEDA.

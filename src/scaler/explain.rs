@@ -90,10 +90,10 @@ pub struct CapacityView {
     /// This evaluation's reading was a new saturated sample (requests waiting behind every pod).
     pub sampled: bool,
     /// Prompt and generated tokens per second one replica sustains; `None` while learning.
-    pub per_replica: Option<crate::capacity::Throughput>,
+    pub per_replica: Option<crate::core::capacity::Throughput>,
     /// The learned per-replica token-rate targets (`utilization × perReplica`); `None` while
     /// learning.
-    pub targets: Option<crate::capacity::Throughput>,
+    pub targets: Option<crate::core::capacity::Throughput>,
     /// Token signals whose target is set by hand and used instead of the learned one.
     pub hand_set: Vec<String>,
     /// In words: learned from how many readings, or still learning.

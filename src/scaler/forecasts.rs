@@ -2,7 +2,7 @@
 //! `forecast: daily`, fed the *measured* demand at each evaluation, asked for the demand expected
 //! one lead time ahead, and rebuilt after a start from Prometheus when one is configured.
 //!
-//! The shape itself is the pure [`crate::forecast`] model, the one the simulator runs. This
+//! The shape itself is the pure [`crate::core::forecast`] model, the one the simulator runs. This
 //! module owns what surrounds it in the live scaler: the wall clock (injectable, see [`Clock`]),
 //! the map of shapes (dropped with the ScaledObject's other state when it is no longer
 //! evaluated), and the rebuild.
@@ -22,9 +22,9 @@
 //! with a step of one bucket (each point is the peak of the bucket that ends there; `max` across
 //! scaler replicas). Only the ScaledObject's own namespace and name enter the query, quoted,
 //! beside the service's fingerprint (hex digits); no author-supplied PromQL or address is used.
-//! A failed rebuild is logged, counted (`nightshift_scaler_forecast_rebuilds_total{outcome="failed"}`)
-//! and shown in the explanation; the shape then learns from live evaluations only. Evaluations
-//! never wait for it.
+//! A failed rebuild is logged, counted
+//! (`nightshift_scaler_forecast_rebuilds_total{outcome="failed"}`) and shown in the explanation;
+//! the shape then learns from live evaluations only. Evaluations never wait for it.
 
 use std::{
     collections::HashMap,
@@ -41,8 +41,8 @@ use super::{
     metrics::{MEASURED_DEMAND, ScalerMetrics, service_label},
 };
 use crate::{
-    admin::METRICS_PREFIX,
-    forecast::{DailyShape, ForecastConfig, with_forecast},
+    core::forecast::{DailyShape, ForecastConfig, with_forecast},
+    runtime::admin::METRICS_PREFIX,
     sources::history::{HistoryError, HistoryReader},
 };
 

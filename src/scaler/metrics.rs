@@ -203,7 +203,7 @@ impl ScalerMetrics {
         &self,
         namespace: &str,
         name: &str,
-        per_replica: crate::capacity::Throughput,
+        per_replica: crate::core::capacity::Throughput,
         samples: usize,
     ) {
         for (kind, value) in TOKEN_KINDS
@@ -398,7 +398,7 @@ mod tests {
         metrics.register(&mut registry);
         metrics.demand("team-a", "deleted", 7, 2.0, 1.0, Some(4));
         metrics.demand("team-a", "kept", 7, 3.0, 3.0, Some(2));
-        let learned = crate::capacity::Throughput {
+        let learned = crate::core::capacity::Throughput {
             prompt: 900.0,
             generated: 300.0,
         };

@@ -3,15 +3,15 @@
 //!
 //! - [`metadata`] parses a trigger's metadata into a typed configuration, [`admitted`] keeps
 //!   each ScaledObject's parsed trigger while KEDA keeps sending the same table;
-//! - [`Scaler`] reads the sources, applies the pure demand math ([`crate::demand`], shared with
-//!   the simulator) and keeps explanations ([`explain`]);
+//! - [`Scaler`] reads the sources, applies the pure demand math ([`crate::core::demand`], shared
+//!   with the simulator) and keeps explanations ([`explain`]);
 //! - [`forecasts`] keeps the daily forecast of the triggers with `forecast: daily` (the pure
-//!   [`crate::forecast`] model, shared with the simulator) and rebuilds it from Prometheus;
+//!   [`crate::core::forecast`] model, shared with the simulator) and rebuilds it from Prometheus;
 //! - [`capacities`] keeps the capacity per replica learned for the triggers with
-//!   `capacity: learned` (the pure [`crate::capacity`] learner, shared with the simulator), which
-//!   gives their token-rate targets;
+//!   `capacity: learned` (the pure [`crate::core::capacity`] learner, shared with the simulator),
+//!   which gives their token-rate targets;
 //! - [`service`] is the thin gRPC adapter, [`error`] the one mapping to gRPC status codes;
-//! - [`tls`] names the scaler's TLS/mTLS choices for [`crate::tls`] (reloaded from disk);
+//! - [`tls`] names the scaler's TLS/mTLS choices for [`crate::runtime::tls`] (reloaded from disk);
 //! - [`start`] wires it into the process.
 //!
 //! Demand is reported as a metric value of `replicas × 100` against a fixed target of 100, so the
@@ -40,9 +40,10 @@ use forecasts::{ForecastOptions, Forecasts};
 use metadata::{EmptyResult, Source, TriggerConfig};
 
 use crate::{
-    capacity::CapacityConfig,
-    demand::{self, Signal},
+    core::capacity::CapacityConfig,
+    core::demand::{self, Signal},
     runtime::Context,
+    runtime::tls::{Metrics as TlsMetrics, ServerTls},
     sources::{
         Selection,
         discovery::Discovery,
@@ -51,7 +52,6 @@ use crate::{
         prometheus::PrometheusSource,
         scrape::ScrapeSource,
     },
-    tls::{Metrics as TlsMetrics, ServerTls},
 };
 
 /// Options of the KEDA external scaler.
@@ -63,11 +63,11 @@ pub struct ScalerArgs {
 
     /// How long an upstream answer (Prometheus query, pod scrape pass) is reused. Every
     /// ScaledObject polling within this time shares one upstream request per metric family.
-    #[arg(long, env = "NIGHTSHIFT_SCALER_CACHE_TTL", default_value = "1s", value_parser = crate::duration::parse_duration)]
+    #[arg(long, env = "NIGHTSHIFT_SCALER_CACHE_TTL", default_value = "1s", value_parser = crate::core::duration::parse_duration)]
     pub scaler_cache_ttl: Duration,
 
     /// How often a `StreamIsActive` stream re-evaluates (it sends only on transitions).
-    #[arg(long, env = "NIGHTSHIFT_SCALER_STREAM_INTERVAL", default_value = "5s", value_parser = crate::duration::parse_duration)]
+    #[arg(long, env = "NIGHTSHIFT_SCALER_STREAM_INTERVAL", default_value = "5s", value_parser = crate::core::duration::parse_duration)]
     pub scaler_stream_interval: Duration,
 
     /// PEM certificate chain for serving gRPC over TLS (with --scaler-tls-key); re-read when it
@@ -89,7 +89,7 @@ pub struct ScalerArgs {
     pub scaler_tls_client_ca: Option<PathBuf>,
 
     /// How often the TLS files are checked for rotation.
-    #[arg(long, env = "NIGHTSHIFT_SCALER_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = crate::duration::parse_duration)]
+    #[arg(long, env = "NIGHTSHIFT_SCALER_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = crate::core::duration::parse_duration)]
     pub scaler_tls_reload_interval: Duration,
 
     /// Prometheus that scrapes nightshift (e.g. `http://prometheus.monitoring:9090`): a trigger

@@ -15,9 +15,9 @@ use tonic::{Request, Response, Status, transport::Server};
 
 use super::{Evaluation, METRIC_NAME, Scaler, StartError, error::Error, metadata};
 use crate::{
-    demand::METRIC_TARGET,
-    listen,
-    tls::{AcceptLimits, ServerTls},
+    core::demand::METRIC_TARGET,
+    runtime::listen,
+    runtime::tls::{AcceptLimits, ServerTls},
 };
 
 /// The gRPC server's limits (docs/security.md, "Listener limits").
@@ -248,7 +248,7 @@ impl ExternalScaler for ScalerService {
 
 /// Serves the scaler and the health service on `listener` within `limits` until `shutdown` is
 /// cancelled; over TLS (reloaded from disk, see [`ServerTls`]) when `tls` is given: tonic serves
-/// the stream of connections that [`crate::tls::incoming`] has handshaken.
+/// the stream of connections that [`crate::runtime::tls::incoming`] has handshaken.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     scaler: Arc<Scaler>,
@@ -281,7 +281,8 @@ pub async fn serve(
                 max_handshakes: limits.max_handshakes,
                 handshake_timeout: limits.handshake_timeout,
             };
-            let connections = crate::tls::incoming(tls, listener, accept, shutdown.clone());
+            let connections =
+                crate::runtime::tls::incoming(tls, listener, accept, shutdown.clone());
             router
                 .serve_with_incoming_shutdown(connections, shutdown.cancelled())
                 .await

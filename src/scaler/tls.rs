@@ -1,9 +1,9 @@
 //! The scaler's TLS: gRPC over TLS, or mTLS when a client CA is given, with certificate, key and
-//! client CA reloaded from disk. Everything but these choices lives in [`crate::tls`].
+//! client CA reloaded from disk. Everything but these choices lives in [`crate::runtime::tls`].
 
 use std::{path::Path, sync::Arc};
 
-use crate::tls::{self, ServerTls, Settings};
+use crate::runtime::tls::{self, ServerTls, Settings};
 
 /// The scaler's name in TLS logs and in the `server` label of the TLS metrics.
 pub const SERVER: &str = "scaler";

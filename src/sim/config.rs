@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::demand::Targets;
+use crate::core::demand::Targets;
 
 /// Everything a run depends on besides the trace.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -483,15 +483,15 @@ impl Default for NightshiftConfig {
             generation_tokens: None,
             prompt_tokens: None,
             learn_capacity: true,
-            utilization: crate::demand::DEFAULT_UTILIZATION,
+            utilization: crate::core::demand::DEFAULT_UTILIZATION,
             forecast_lead_s: 195.0,
             source: MetricSource::Scrape,
             rate_window_s: 30.0,
             headroom_gpus: 0,
             // The live controller's defaults (one decision code for both).
-            notice_window_s: crate::notice::NoticePolicy::default().window_s,
-            notice_margin: crate::notice::NoticePolicy::default().margin,
-            notice_hysteresis: crate::notice::NoticePolicy::default().hysteresis,
+            notice_window_s: crate::core::notice::NoticePolicy::default().window_s,
+            notice_margin: crate::core::notice::NoticePolicy::default().margin,
+            notice_hysteresis: crate::core::notice::NoticePolicy::default().hysteresis,
         }
     }
 }

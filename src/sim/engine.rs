@@ -17,10 +17,10 @@ use super::{
     pool::{Placement, Pool},
     trace::{Arrivals, Envelope, Trace},
 };
-use crate::capacity::{CapacityConfig, LearnedCapacity};
-use crate::demand::{self, Decision, PerSignal, Targets, Totals};
-use crate::forecast::{DailyShape, ForecastConfig, with_forecast};
-use crate::notice::{NoticePolicy, Watch};
+use crate::core::capacity::{CapacityConfig, LearnedCapacity};
+use crate::core::demand::{self, Decision, PerSignal, Targets, Totals};
+use crate::core::forecast::{DailyShape, ForecastConfig, with_forecast};
+use crate::core::notice::{NoticePolicy, Watch};
 
 /// Queue waits and TTFTs are kept in 1 ms buckets up to this many seconds (beyond: one bucket).
 const HIST_SPAN_S: f64 = 600.0;

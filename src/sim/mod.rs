@@ -4,7 +4,7 @@
 //! A request trace is replayed, its rate shaped by a 24-hour envelope, against a model of vLLM
 //! replicas ([`fleet`]), KEDA and the HPA ([`policy`]), and a GPU pool shared with a research
 //! backlog ([`pool`]). Each policy runs through the same cluster ([`engine`]); the nightshift
-//! policy calls the live scaler's [`crate::demand::compute`]. Runs are deterministic: the
+//! policy calls the live scaler's [`crate::core::demand::compute`]. Runs are deterministic: the
 //! same trace, scenario and seed give the same numbers.
 //!
 //! This module owns its options and errors; it does no I/O beyond reading the trace and the
@@ -30,7 +30,7 @@ use self::{
     report::Report,
     trace::{Envelope, Trace, TraceError},
 };
-use crate::demand::{self, DemandError, PerSignal, Totals};
+use crate::core::demand::{self, DemandError, PerSignal, Totals};
 
 /// Why a simulation could not run.
 #[derive(Debug, thiserror::Error)]

@@ -1,6 +1,6 @@
 //! The policies compared and the HorizontalPodAutoscaler that turns a metric into replicas.
 //!
-//! The nightshift policy calls [`crate::demand::compute`] — the function the live scaler
+//! The nightshift policy calls [`crate::core::demand::compute`] — the function the live scaler
 //! answers KEDA with — on signal totals built the way its sources report them. The other
 //! policies are what users run instead: a static fleet, a fixed night window, and KEDA's
 //! Prometheus scaler on the waiting-queue length.
@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use serde::Serialize;
 
 use super::config::{AutoscalingConfig, HpaPolicyKind, HpaSelect, NightWindowConfig};
-use crate::demand::{self, Decision, DemandError, Targets, Totals};
+use crate::core::demand::{self, Decision, DemandError, Targets, Totals};
 
 /// Which scaling policy a run uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -249,7 +249,7 @@ impl Hpa {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{demand::PerSignal, sim::config::HpaPolicy};
+    use crate::{core::demand::PerSignal, sim::config::HpaPolicy};
 
     fn hpa() -> Hpa {
         Hpa::new(AutoscalingConfig::default())

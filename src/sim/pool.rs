@@ -1,8 +1,8 @@
 //! The simulated GPU pool: nodes × GPUs shared by inference replicas and research jobs.
 //!
 //! Inference pods are placed first; when no node has room, research jobs are preempted the way
-//! the kube-scheduler does it ([`crate::notice::place`]: the node with the fewest victims, the
-//! most recently started leave; their grace period is waited out). Research jobs fill what is
+//! the kube-scheduler does it ([`crate::core::notice::place`]: the node with the fewest victims,
+//! the most recently started leave; their grace period is waited out). Research jobs fill what is
 //! left (minus a headroom), checkpoint periodically and lose the work since their last completed
 //! checkpoint when preempted. With reclaim notices ([`Pool::notice`], the same victim
 //! prediction), the jobs the next replicas will displace are warned, and their trainer keeps
@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use serde::Serialize;
 
 use super::config::ResearchConfig;
-use crate::notice::{self, Candidate, NodeRoom};
+use crate::core::notice::{self, Candidate, NodeRoom};
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Node {

@@ -1,11 +1,11 @@
 //! Where vLLM metrics come from: a Prometheus server ([`prometheus`]) or a direct scrape of the
 //! vLLM pods' `/metrics` ([`scrape`], pods found by [`discovery`]).
 //!
-//! Both produce the same thing: for each [`Signal`](crate::demand::Signal)'s metric family, a [`FamilyIndex`] of per-pod
-//! values already aggregated per (namespace, model). Fetches are shared between every ScaledObject that
-//! reads the same upstream ([`cache`]), so upstream load does not grow with their number.
-//! This module owns no demand logic: it only measures. Which upstreams a ScaledObject may make
-//! it call is [`policy`]'s decision.
+//! Both produce the same thing: for each [`Signal`](crate::core::demand::Signal)'s metric
+//! family, a [`FamilyIndex`] of per-pod values already aggregated per (namespace, model). Fetches
+//! are shared between every ScaledObject that reads the same upstream ([`cache`]), so upstream load
+//! does not grow with their number. This module owns no demand logic: it only measures. Which
+//! upstreams a ScaledObject may make it call is [`policy`]'s decision.
 
 pub mod cache;
 pub mod discovery;
@@ -17,6 +17,7 @@ pub mod policy;
 pub mod prometheus;
 pub mod rates;
 pub mod scrape;
+pub mod target;
 
 use std::{collections::HashMap, fmt, time::Duration};
 

@@ -5,8 +5,8 @@
 //! could not reach themselves (internal services, the cloud metadata address, other tenants'
 //! pods). This module owns that decision as pure functions over the parsed source and the
 //! operator's [`SourcePolicy`]; the scaler applies it before any request is made (already at
-//! `GetMetricSpec`), and the scrape source applies [`SourcePolicy::check_ip`] again to the addresses
-//! a Service's EndpointSlices name, which only the API server knows.
+//! `GetMetricSpec`), and the scrape source applies [`SourcePolicy::check_ip`] again to the
+//! addresses a Service's EndpointSlices name, which only the API server knows.
 //!
 //! Rules, each denial naming the rule and the flag that would allow it:
 //! - a Prometheus `serverAddress` must be one of the allowed base URLs (or under one);
@@ -23,7 +23,7 @@ use url::Url;
 
 use super::{
     prometheus::Server,
-    scrape::{Pods, Target},
+    target::{Pods, Target},
 };
 
 /// Namespaces whose pods and Services a ScaledObject may scrape.

@@ -23,7 +23,7 @@ use super::{
     },
     idle::{IDLE, IdleMap},
 };
-use crate::{demand::Signal, sources::metrics::SourceMetrics};
+use crate::{core::demand::Signal, sources::metrics::SourceMetrics};
 
 /// How to authenticate to Prometheus.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -139,9 +139,9 @@ fn selector(metric: &str, matchers: &[(String, String)]) -> String {
     s
 }
 
-/// The PromQL query for one signal's family: one value per (namespace, model, pod). Engines are summed
-/// (counts, token rates) or averaged (KV-cache fraction) within a pod; both KV-cache names are
-/// read, the new one winning where a pod exposes both (`or` keeps the left side's series).
+/// The PromQL query for one signal's family: one value per (namespace, model, pod). Engines are
+/// summed (counts, token rates) or averaged (KV-cache fraction) within a pod; both KV-cache names
+/// are read, the new one winning where a pod exposes both (`or` keeps the left side's series).
 pub fn family_query(signal: Signal, labels: &Labels, rate_window: &str) -> String {
     let by = format!(
         "{}, {MODEL_LABEL}, {}",

@@ -17,8 +17,8 @@ use jiff::Timestamp;
 
 use super::services::{self, Point, ServiceKey};
 use crate::{
-    admin::METRICS_PREFIX,
     pool::history::{self, Sample},
+    runtime::admin::METRICS_PREFIX,
     sources::history::HistoryReader,
 };
 

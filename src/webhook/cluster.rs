@@ -1,6 +1,7 @@
 //! What the webhook needs to know about the cluster: the labels of a pod's namespace and the
 //! PriorityClasses. Behind the small [`ClusterView`] trait so that tests feed a
-//! `FixedCluster` (feature `test-support`); [`KubeCluster`] answers from kube-runtime reflectors (watched caches).
+//! `FixedCluster` (in `test_support`); [`KubeCluster`] answers from kube-runtime reflectors
+//! (watched caches).
 //!
 //! Owns the watches, the "caches synced" readiness condition and the lookup error
 //! ([`ClusterError`]); decides nothing.
@@ -42,59 +43,6 @@ pub trait ClusterView: PriorityClasses + Send + Sync + 'static {
         &self,
         namespace: &str,
     ) -> Result<Option<BTreeMap<String, String>>, ClusterError>;
-}
-
-/// A fixed cluster for tests, benchmarks and examples (feature `test-support`).
-#[cfg(any(test, feature = "test-support"))]
-#[derive(Clone, Debug, Default)]
-pub struct FixedCluster {
-    pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
-    pub classes: BTreeMap<String, PriorityClassInfo>,
-}
-
-#[cfg(any(test, feature = "test-support"))]
-impl FixedCluster {
-    /// Adds a namespace with labels.
-    pub fn with_namespace(mut self, name: &str, labels: &[(&str, &str)]) -> Self {
-        self.namespaces.insert(
-            name.to_string(),
-            labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        );
-        self
-    }
-
-    /// Adds a PriorityClass.
-    pub fn with_class(mut self, name: &str, value: i32, preemption_policy: &str) -> Self {
-        self.classes.insert(
-            name.to_string(),
-            PriorityClassInfo {
-                value,
-                preemption_policy: preemption_policy.to_string(),
-            },
-        );
-        self
-    }
-}
-
-#[cfg(any(test, feature = "test-support"))]
-impl PriorityClasses for FixedCluster {
-    fn priority_class(&self, name: &str) -> Option<PriorityClassInfo> {
-        self.classes.priority_class(name)
-    }
-}
-
-#[cfg(any(test, feature = "test-support"))]
-#[async_trait::async_trait]
-impl ClusterView for FixedCluster {
-    async fn namespace_labels(
-        &self,
-        namespace: &str,
-    ) -> Result<Option<BTreeMap<String, String>>, ClusterError> {
-        Ok(self.namespaces.get(namespace).cloned())
-    }
 }
 
 /// The cluster as seen through watched caches of Namespaces (metadata only) and PriorityClasses.

@@ -5,13 +5,13 @@
 //! - [`cluster`]: namespace labels and PriorityClasses from watched caches, behind a trait.
 //! - [`review`]: AdmissionReview parsing, answers and metrics.
 //! - [`queue`]: the reviews of all connections taken in turn by one task.
-//! - [`server`] and [`tls`]: HTTPS with hot-reloaded certificates ([`crate::tls`]).
+//! - [`server`] and [`tls`]: HTTPS with hot-reloaded certificates ([`crate::runtime::tls`]).
 //! - [`certs`]: `nightshift certs generate`.
 //!
 //! The names it selects by and writes (research and lent labels, the research PriorityClass, the
 //! pool label and taints, the spare label, the GPU resource, the reclaim-notice volume, mount
-//! path and variable) come from [`crate::vocabulary`], shared with the pool controller, so that
-//! the pool counts as research what the webhook marks.
+//! path and variable) come from [`crate::core::vocabulary`], shared with the pool controller, so
+//! that the pool counts as research what the webhook marks.
 //!
 //! Why the triple `priorityClassName`/`priority`/`preemptionPolicy`: the built-in `Priority`
 //! admission plugin runs before mutating webhooks and fills `priority` and `preemptionPolicy`
@@ -32,7 +32,7 @@ use std::{collections::BTreeSet, net::SocketAddr, path::PathBuf, sync::Arc, time
 
 use clap::{ArgAction, Args};
 
-use crate::{duration::parse_duration, runtime::Context, vocabulary::Vocabulary};
+use crate::{core::duration::parse_duration, core::vocabulary::Vocabulary, runtime::Context};
 use mutate::{MutationPolicy, SparePlacement};
 
 /// Why the webhook cannot start: what to fix is in the message. Errors answering a review are
@@ -43,7 +43,7 @@ pub enum Error {
     #[error("invalid webhook option: {0}")]
     Option(String),
     #[error(transparent)]
-    Tls(#[from] crate::tls::Error),
+    Tls(#[from] crate::runtime::tls::Error),
     #[error("cannot bind the webhook to {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -180,7 +180,7 @@ pub async fn start(args: WebhookArgs, names: &Vocabulary, ctx: &mut Context) -> 
 }
 
 /// Starts the HTTPS server and the certificate watcher with a given cluster view (tests use a
-/// `cluster::FixedCluster`).
+/// `test_support::cluster::FixedCluster`).
 pub async fn start_with(
     args: WebhookArgs,
     policy: MutationPolicy,
@@ -225,7 +225,7 @@ pub async fn start_with(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vocabulary::VocabularyArgs;
+    use crate::core::vocabulary::VocabularyArgs;
     use clap::Parser;
     use k8s_openapi::api::core::v1::Pod;
     use mutate::{Classification, PriorityClassInfo};

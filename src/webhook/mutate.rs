@@ -15,13 +15,13 @@ use k8s_openapi::api::core::v1::{
 use serde_json::json;
 
 use super::pod_fields::{AdmittedContainer, AdmittedPod, AdmittedSpec};
-use crate::vocabulary::{
+use crate::core::vocabulary::{
     NOTICE_FILE, NOTICE_FILE_ENV, NOTICE_MOUNT_PATH, NOTICE_VOLUME, Vocabulary,
 };
 
 pub use super::pod_fields::MIRROR_POD_ANNOTATION;
 
-pub use crate::vocabulary::{PoolTaint, TRUE};
+pub use crate::core::vocabulary::{PoolTaint, TRUE};
 
 /// Weight of the spare-node preference in `preferred` placement: the strongest the scheduler
 /// allows, so that a spare node wins over any other soft preference the pod carries.
@@ -753,7 +753,7 @@ fn notice_file(b: &mut Builder, spec: &AdmittedSpec) {
         b.note_later(format!(
             "nightshift: the pod's annotations, reclaim notice ({}) included, are readable in \
              {} (${NOTICE_FILE_ENV})",
-            crate::vocabulary::RECLAIM_NOTICE_ANNOTATION,
+            crate::core::vocabulary::RECLAIM_NOTICE_ANNOTATION,
             parts.file
         ));
     }

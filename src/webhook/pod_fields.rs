@@ -37,7 +37,7 @@ use kube::core::{NamespaceResourceScope, Resource};
 use memchr::memmem::Finder;
 use serde::{Deserialize, Deserializer};
 
-use crate::vocabulary::{NOTICE_FILE_ENV, NOTICE_MOUNT_PATH, NOTICE_VOLUME};
+use crate::core::vocabulary::{NOTICE_FILE_ENV, NOTICE_MOUNT_PATH, NOTICE_VOLUME};
 
 /// Annotation the kubelet puts on mirror pods (static pods reflected into the API). They cannot
 /// be scheduled or preempted, so they are never touched.

@@ -5,8 +5,8 @@
 //! Why: under load, a server core that alternates one review with one request's transport (TLS
 //! records, HTTP framing, the kernel's TCP) runs each with the other's code and data in its
 //! caches. Taken in turn, the reviews of all the connections with a request ready run one after
-//! the other, with their own; on the 2-core machine of docs/performance.md ("Reviews taken in
-//! turn") the saturated rate went from 41-45 % to 54-57 % of the transport floor's.
+//! the other, with their own; on the 2-core machine of docs/performance.md ("Admission
+//! webhook") the saturated rate went from 41-45 % to 54-57 % of the transport floor's.
 //!
 //! How a batch forms: the task, woken by a first body, reviews it at once, then yields to the
 //! runtime, which runs the other connections that have a request ready (each hands its body
@@ -184,8 +184,9 @@ mod tests {
     use tokio::sync::Notify;
 
     use super::*;
+    use crate::test_support::{cluster::FixedCluster, webhook::research_cluster};
     use crate::webhook::{
-        cluster::{ClusterError, ClusterView, FixedCluster},
+        cluster::{ClusterError, ClusterView},
         mutate::{MutationPolicy, PriorityClassInfo, PriorityClasses},
         review::Metrics,
     };
@@ -257,9 +258,7 @@ mod tests {
 
     fn queue() -> (Arc<ReviewQueue>, Arc<SlowLookups>) {
         let cluster = Arc::new(SlowLookups {
-            fixed: FixedCluster::default()
-                .with_namespace("research", &[("nightshift.io/research", "true")])
-                .with_class("nightshift-research", -1000, "Never"),
+            fixed: research_cluster(),
             release: Notify::new(),
             tasks: Default::default(),
         });

@@ -421,7 +421,7 @@ struct RequestIn<'a> {
     // Boxed: serde moves each field's value up through every enclosing struct as it returns
     // (`RequestIn`, `Option`, `ReviewIn`, the `Result`s between), and the review moves the request
     // on; inline, the pod's 700-odd bytes were copied at each step, 11 KB of the 32.8 KB a review
-    // copied (docs/performance.md).
+    // copied.
     #[serde(default)]
     object: Option<Box<AdmittedPod>>,
     #[serde(default)]

@@ -1,7 +1,7 @@
 //! HTTPS transport: the axum [`router`] (`POST /mutate`, `GET /readyz`) and [`serve`], which
-//! takes the connections [`crate::tls::incoming`] has accepted and handshaken and serves them
-//! with [`crate::listen::serve_http`], within the webhook's [`Limits`]. On shutdown it stops
-//! accepting and lets every connection finish the reviews in flight before closing.
+//! takes the connections [`crate::runtime::tls::incoming`] has accepted and handshaken and serves
+//! them with [`crate::runtime::listen::serve_http`], within the webhook's [`Limits`]. On shutdown
+//! it stops accepting and lets every connection finish the reviews in flight before closing.
 
 use std::{sync::Arc, time::Duration};
 
@@ -17,9 +17,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    admin::{self, Readiness},
-    listen::{self, HttpLimits},
-    tls::{self, AcceptLimits, ServerTls},
+    runtime::admin::{self, Readiness},
+    runtime::listen::{self, HttpLimits},
+    runtime::tls::{self, AcceptLimits, ServerTls},
 };
 
 use super::{

@@ -1,9 +1,9 @@
 //! The webhook's TLS: HTTPS with HTTP/2 and HTTP/1.1 offered (TLS 1.2+), its serving certificate
-//! reloaded from disk. Everything but these choices lives in [`crate::tls`].
+//! reloaded from disk. Everything but these choices lives in [`crate::runtime::tls`].
 
 use std::{path::Path, sync::Arc};
 
-use crate::tls::{self, ServerTls, Settings};
+use crate::runtime::tls::{self, ServerTls, Settings};
 
 /// The webhook's name in TLS logs and in the `server` label of the TLS metrics.
 pub const SERVER: &str = "webhook";

@@ -148,7 +148,7 @@ fn without_inline_code(line: &str) -> String {
 }
 
 /// GitHub's anchors for the headings of a Markdown page, duplicates numbered `-1`, `-2`, ...
-fn heading_anchors(text: &str) -> Vec<String> {
+pub fn heading_anchors(text: &str) -> Vec<String> {
     let mut anchors: Vec<String> = Vec::new();
     for (_, line) in prose_lines(text) {
         let Some(title) = heading_title(line) else {
@@ -178,7 +178,7 @@ fn heading_title(line: &str) -> Option<&str> {
 
 /// GitHub's anchor for a heading: lower case, punctuation dropped (except `-` and `_`), spaces
 /// turned into `-`.
-fn slug(title: &str) -> String {
+pub fn slug(title: &str) -> String {
     title
         .to_lowercase()
         .chars()

@@ -1,10 +1,14 @@
 //! The documentation stays true to the code: `docs/options.md` is the rendering of the command
 //! line's clap definitions, every relative link in `README.md` and `docs/*.md` leads to a file
-//! (and heading) that exists, and no wrapped line of their prose renders as a stray list item.
+//! (and heading) that exists, no wrapped line of their prose renders as a stray list item, and
+//! every heading of the manual that a comment in the code cites exists, and the README's code
+//! map and `lib.rs`'s map name every part of `src/`.
 //!
 //! After a change to a flag, regenerate the options page with
 //! `NIGHTSHIFT_BLESS=1 cargo test --test docs` and commit it with the change.
 
+mod citations;
+mod code_map;
 mod links;
 mod options;
 mod prose;
@@ -46,4 +50,14 @@ fn relative_links_lead_to_existing_files_and_headings() {
 #[test]
 fn no_prose_line_renders_as_a_stray_list_item() {
     prose::check(&markdown_pages());
+}
+
+#[test]
+fn headings_cited_in_the_code_exist() {
+    citations::check();
+}
+
+#[test]
+fn the_code_maps_name_every_part_of_src() {
+    code_map::check();
 }

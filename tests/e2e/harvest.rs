@@ -1,7 +1,7 @@
 //! Harvest and preemption on the real scheduler: research pods fill the spare GPUs of the pool,
 //! inference scales up and the scheduler preempts research pods for it (they get
-//! `DisruptionTarget`/`PreemptionByScheduler`), the research Job replaces them (they wait), inference
-//! scales down and the same Job's pods take the GPUs back.
+//! `DisruptionTarget`/`PreemptionByScheduler`), the research Job replaces them (they wait),
+//! inference scales down and the same Job's pods take the GPUs back.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

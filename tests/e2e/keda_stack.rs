@@ -68,8 +68,9 @@ pub struct Keda {
     pub started_in: Duration,
 }
 
-/// The directory with `bin/keda-operator`, `bin/keda-adapter` and `crd/`: `NIGHTSHIFT_E2E_KEDA_DIR`,
-/// else where `build-keda.sh` puts them (asked from the script, so the version is written once).
+/// The directory with `bin/keda-operator`, `bin/keda-adapter` and `crd/`:
+/// `NIGHTSHIFT_E2E_KEDA_DIR`, else where `build-keda.sh` puts them (asked from the script, so the
+/// version is written once).
 pub fn find_keda_dir() -> Result<PathBuf> {
     let dir = match std::env::var_os(KEDA_DIR_ENV).filter(|d| !d.is_empty()) {
         Some(d) => PathBuf::from(d),

@@ -42,9 +42,9 @@ const INFERENCE_SELECTOR: &str = "app.kubernetes.io/name=vllm-llama";
 const RESEARCH_SELECTOR: &str = "role=research";
 /// GPUs per research pod and per inference replica (the example's): one replica, one victim.
 const GPUS: u32 = 4;
-/// Queue lengths. Demand = waiting / 5 (the example's `waitingTarget`) replicas; with a margin of 0.5 a service at
-/// 1 replica warns for its 2nd from demand 0.5 on; the HPA asks for the 2nd above 1.0 (past
-/// its 10 % tolerance).
+/// Queue lengths. Demand = waiting / 5 (the example's `waitingTarget`) replicas; with a margin of
+/// 0.5 a service at 1 replica warns for its 2nd from demand 0.5 on; the HPA asks for the 2nd above
+/// 1.0 (past its 10 % tolerance).
 const QUIET: f64 = 2.0; // 0.4: no notice
 const CLOSE: f64 = 3.0; // 0.6: notice for the 2nd replica
 const OVER: f64 = 6.0; // 1.2: 2 replicas → preemption; no notice for a 3rd (1.7 < 2)

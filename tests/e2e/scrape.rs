@@ -2,9 +2,10 @@
 //! watches the EndpointSlices of a selector-less Service whose endpoints point at vLLM-metrics
 //! emulators. The API server refuses loopback (and link-local) endpoint addresses, and FQDN
 //! endpoints need a dotted name, so the emulators listen on this machine's own non-loopback IPv4
-//! address (found from the routing table; nothing leaves the machine), and GetMetrics with `service` metadata answers the sum over the ready
-//! endpoints. Adding an endpoint, marking one not ready and removing one make the demand follow;
-//! once no ready endpoint is left the answer is an error, never zero.
+//! address (found from the routing table; nothing leaves the machine), and GetMetrics with
+//! `service` metadata answers the sum over the ready endpoints. Adding an endpoint, marking one not
+//! ready and removing one make the demand follow; once no ready endpoint is left the answer is an
+//! error, never zero.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};

@@ -13,12 +13,7 @@ use serde_json::Value;
 use crate::process::{Process, free_port};
 use crate::wait::{self, Check};
 
-#[path = "../support/prometheus_bin.rs"]
-mod prometheus_bin;
-
-#[path = "../scaler/emulator.rs"]
-#[allow(dead_code)] // the e2e scenarios use only part of the emulator
-pub(crate) mod emulator;
+pub(crate) use nightshift::test_support::{emulator, prometheus_bin};
 
 /// Deadline of each wait; far above the seconds Prometheus needs, for a loaded 2-core machine.
 const STEP: Duration = Duration::from_secs(120);

@@ -362,13 +362,13 @@ fn assert_runs_the_example_trainer(
     };
     assert_eq!(
         env("CHECKPOINT_PORT"),
-        annotations[nightshift::vocabulary::CHECKPOINT_PORT_ANNOTATION],
+        annotations[nightshift::core::vocabulary::CHECKPOINT_PORT_ANNOTATION],
         "{what}: the trainer listens where nightshift will call"
     );
     assert!(env("CHECKPOINT_DIR").is_string(), "{what}");
     // The webhook sets the notice file; a value here would point elsewhere.
     assert!(
-        env(nightshift::vocabulary::NOTICE_FILE_ENV).is_null(),
+        env(nightshift::core::vocabulary::NOTICE_FILE_ENV).is_null(),
         "{what}"
     );
 }

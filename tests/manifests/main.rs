@@ -15,7 +15,7 @@ mod schema;
 mod select;
 
 use base64::Engine as _;
-use nightshift::vocabulary::{
+use nightshift::core::vocabulary::{
     INFERENCE_PRIORITY_CLASS, RESEARCH_LABEL, RESEARCH_PRIORITY_CLASS, TRUE,
 };
 use serde_json::Value;

@@ -9,13 +9,13 @@ use std::{
 use jiff::Timestamp;
 use kube::runtime::watcher;
 use nightshift::{
+    core::vocabulary::Vocabulary,
     pool::{
         controller::{Controller, LendingPolicy, Metrics},
-        fixtures::{node, pod},
         report, run,
         windows::Windows,
     },
-    vocabulary::Vocabulary,
+    test_support::fixtures::{node, pod},
 };
 use tokio_util::sync::CancellationToken;
 
@@ -32,12 +32,16 @@ impl Drop for Server {
 }
 
 async fn serve(router: axum::Router) -> Server {
-    let listener = nightshift::admin::bind("127.0.0.1:0".parse().expect("addr"))
+    let listener = nightshift::runtime::admin::bind("127.0.0.1:0".parse().expect("addr"))
         .await
         .expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let stop = CancellationToken::new();
-    tokio::spawn(nightshift::admin::serve(listener, router, stop.clone()));
+    tokio::spawn(nightshift::runtime::admin::serve(
+        listener,
+        router,
+        stop.clone(),
+    ));
     Server { url, stop }
 }
 

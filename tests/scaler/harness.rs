@@ -4,6 +4,7 @@
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use nightshift::{
+    runtime::tls::ServerTls,
     scaler::{
         Options, Scaler,
         forecasts::ForecastOptions,
@@ -17,7 +18,6 @@ use nightshift::{
         },
     },
     sources::{metrics::SourceMetrics, policy::SourcePolicy},
-    tls::ServerTls,
 };
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;

@@ -2,7 +2,9 @@
 
 use std::{sync::Arc, time::Duration};
 
-use nightshift::{listen::silent_http2, scaler::service::Limits, sources::policy::SourcePolicy};
+use nightshift::{
+    runtime::listen::silent_http2, scaler::service::Limits, sources::policy::SourcePolicy,
+};
 use tokio::sync::Semaphore;
 use tonic::Code;
 

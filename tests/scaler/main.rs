@@ -1,8 +1,9 @@
 //! Integration tests of the KEDA external scaler: real gRPC on loopback, a vLLM-metrics
 //! emulator, a counting Prometheus stand-in, a real Prometheus, TLS with generated certificates.
 
+use nightshift::test_support::{emulator, prometheus_bin};
+
 mod capacity;
-mod emulator;
 mod fake_prometheus;
 mod forecast;
 mod grpc;
@@ -10,7 +11,5 @@ mod harness;
 mod limits;
 mod logs;
 mod policy;
-#[path = "../support/prometheus_bin.rs"]
-mod prometheus_bin;
 mod real_prometheus;
 mod tls;

@@ -12,8 +12,8 @@ use std::{
 };
 
 use nightshift::{
+    runtime::tls::{Metrics, ServerTls},
     scaler::{self, service::proto::external_scaler_client::ExternalScalerClient},
-    tls::{Metrics, ServerTls},
 };
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};

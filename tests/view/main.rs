@@ -2,10 +2,10 @@
 //! router over a controller loaded with a fixture pool, through `oneshot` calls, over loopback
 //! HTTP, and in a real headless Chromium ([`browser`]).
 
+use nightshift::test_support::prometheus_bin;
+
 mod browser;
 mod prometheus;
-#[path = "../support/prometheus_bin.rs"]
-mod prometheus_bin;
 
 use std::sync::{Arc, Mutex};
 
@@ -13,15 +13,15 @@ use axum::{body::Body, http::Request};
 use jiff::Timestamp;
 use kube::runtime::watcher;
 use nightshift::{
+    core::vocabulary::Vocabulary,
     pool::{
         controller::{Controller, LendingPolicy, Metrics},
-        fixtures::{node, pod},
         history::Sample,
         windows::Windows,
     },
     scaler::explain::Explanation,
+    test_support::fixtures::{node, pod},
     view::{self, ViewState, page::View},
-    vocabulary::Vocabulary,
 };
 use tower::ServiceExt;
 

@@ -14,6 +14,7 @@ use std::{
 use axum::{Router, routing::get};
 use jiff::Timestamp;
 use nightshift::{
+    core::vocabulary::Vocabulary,
     pool::{
         controller::{Controller, LendingPolicy, Metrics},
         windows::Windows,
@@ -23,7 +24,6 @@ use nightshift::{
         page::HistoryOrigin,
         rebuild::{self, Error},
     },
-    vocabulary::Vocabulary,
 };
 
 /// Bound on Prometheus starting and loading the blocks.

@@ -1,19 +1,18 @@
 //! A webhook server on a free loopback port with freshly generated certificates, stopped when
 //! the test ends.
 
-#[path = "../../benches/support/localhost_cert.rs"]
-mod localhost_cert;
-
 use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 
+pub use nightshift::test_support::webhook::research_cluster;
 use nightshift::{
-    tls::ServerTls,
+    runtime::tls::ServerTls,
+    test_support::{self, cluster::FixedCluster},
     webhook::{
         Error,
         certs::{self, GenerateArgs},
-        cluster::{ClusterError, ClusterView, FixedCluster},
+        cluster::{ClusterError, ClusterView},
         mutate::{MutationPolicy, PriorityClassInfo, PriorityClasses},
-        review::{Metrics, Reviewer},
+        review::Metrics,
         server,
     },
 };
@@ -35,7 +34,7 @@ pub struct Server {
     pub shutdown: CancellationToken,
     task: Option<JoinHandle<Result<(), Error>>>,
     /// The readiness condition the server's `GET /readyz` waits for (not ready at start).
-    pub ready: nightshift::admin::ReadyHandle,
+    pub ready: nightshift::runtime::admin::ReadyHandle,
     _dir: tempfile::TempDir,
 }
 
@@ -46,13 +45,6 @@ impl Drop for Server {
             task.abort();
         }
     }
-}
-
-pub fn research_cluster() -> FixedCluster {
-    FixedCluster::default()
-        .with_namespace("research", &[("nightshift.io/research", "true")])
-        .with_namespace("web", &[])
-        .with_class("nightshift-research", -1000, "Never")
 }
 
 impl Server {
@@ -68,14 +60,10 @@ impl Server {
     pub async fn start_limited(cluster: Arc<dyn ClusterView>, limits: server::Limits) -> Self {
         nightshift::install_crypto_provider();
         let dir = tempfile::tempdir().expect("tempdir");
-        let (cert_args, tls) = localhost_cert::generate(dir.path());
-        let metrics = Metrics::default();
-        let reviewer = Reviewer {
-            policy: Arc::new(MutationPolicy::default()),
-            cluster,
-            metrics: metrics.clone(),
-        };
-        let readiness = nightshift::admin::Readiness::default();
+        let (cert_args, tls) = test_support::certs::generate(dir.path());
+        let reviewer = test_support::webhook::reviewer(MutationPolicy::default(), cluster);
+        let metrics = reviewer.metrics.clone();
+        let readiness = nightshift::runtime::admin::Readiness::default();
         let ready = readiness.register("test caches synced");
         let router = server::router(reviewer, MAX_BODY, readiness);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

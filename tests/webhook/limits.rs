@@ -4,7 +4,9 @@
 
 use std::{sync::Arc, time::Duration};
 
-use nightshift::{listen::silent_http2, tls::AcceptLimits, webhook::server::Limits};
+use nightshift::{
+    runtime::listen::silent_http2, runtime::tls::AcceptLimits, webhook::server::Limits,
+};
 use rustls_pki_types::{CertificateDer, ServerName, pem::PemObject};
 use serde_json::json;
 use tokio::{

@@ -337,7 +337,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::demand::Signal;
+    use crate::core::demand::Signal;
 
     /// Markers around the generated table in `docs/scaler.md`.
     const START: &str = "<!-- metadata-keys:start -->";
@@ -373,7 +373,7 @@ mod tests {
         };
         assert!(
             documented("capacityUtilization")
-                .starts_with(&format!("`{}`", crate::demand::DEFAULT_UTILIZATION))
+                .starts_with(&format!("`{}`", crate::core::demand::DEFAULT_UTILIZATION))
         );
         assert!(
             documented("waitingTarget")

@@ -18,11 +18,11 @@ use std::{
 use keys::SourceKind;
 
 use crate::{
-    demand::{DEFAULT_UTILIZATION, Signal, Targets},
+    core::demand::{DEFAULT_UTILIZATION, Signal, Targets},
     sources::{
         Selection,
         prometheus::{Auth, Labels, Server, ServerQuery},
-        scrape::{Pods, Target},
+        target::{Pods, Target},
     },
 };
 
@@ -200,7 +200,7 @@ fn fingerprint(selection: &Selection, source: &Source) -> u64 {
 }
 
 /// A trigger's learned capacity: its token-rate targets are `utilization ×` the per-replica
-/// capacity the scaler learns (see [`crate::capacity`]); targets set by hand win.
+/// capacity the scaler learns (see [`crate::core::capacity`]); targets set by hand win.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LearnedCapacity {
     /// `capacityUtilization`, in (0, 1].
@@ -721,7 +721,7 @@ impl<'a> Reader<'a> {
         let Some(raw) = self.text(key) else {
             return default;
         };
-        match crate::duration::parse_duration(raw) {
+        match crate::core::duration::parse_duration(raw) {
             Ok(d) if d.is_zero() => {
                 self.bad(key, "must be longer than zero");
                 default

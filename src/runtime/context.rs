@@ -11,8 +11,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    admin::{self, Readiness},
-    tls,
+    runtime::admin::{self, Readiness},
+    runtime::tls,
 };
 
 /// What components need while they are being started: the metrics registry to register into,

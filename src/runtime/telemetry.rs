@@ -1,5 +1,6 @@
-//! Structured logging set-up. Owns the `tracing` subscriber; metrics live in [`crate::admin`].
-//! Plain lines are coloured only on a terminal and never with `NO_COLOR` set.
+//! Structured logging set-up. Owns the `tracing` subscriber; metrics live in
+//! [`crate::runtime::admin`]. Plain lines are coloured only on a terminal and never with `NO_COLOR`
+//! set.
 
 use std::{ffi::OsStr, io::IsTerminal};
 

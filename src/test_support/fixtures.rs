@@ -16,7 +16,7 @@ use k8s_openapi::{
     },
 };
 
-use crate::vocabulary::{
+use crate::core::vocabulary::{
     GPU_RESOURCE, LENT_LABEL, POOL_LABEL, RESEARCH_PRIORITY_CLASS, SPARE_GPUS_LABEL, SPARE_LABEL,
     TRUE,
 };

@@ -13,7 +13,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use super::ServerTls;
-use crate::listen::{self, Limited};
+use crate::runtime::listen::{self, Limited};
 
 /// Handshaken connections waiting for the server to take them; servers take them at once, so
 /// this only smooths bursts.

@@ -1,5 +1,4 @@
 //! Where the test suites find Debian's `prometheus`: `NIGHTSHIFT_PROMETHEUS_BIN`, else on `PATH`.
-//! Included by path (`#[path]`) into each suite that starts a real Prometheus.
 
 use std::path::PathBuf;
 
@@ -16,7 +15,6 @@ pub fn prometheus_bin() -> Option<PathBuf> {
 /// The `prometheus` binary for a test that needs one: `None`, with a note on stderr, where it is
 /// not installed, so that the test is skipped on a developer's machine; but in CI (`CI` set),
 /// where `.ci/test` installs it, a missing binary fails the test instead of skipping it.
-#[allow(dead_code)] // the end-to-end suite requires Prometheus outright
 pub fn prometheus_or_skip() -> Option<PathBuf> {
     let bin = prometheus_bin();
     if bin.is_none() {

@@ -26,9 +26,9 @@ use serde::Serialize;
 /// float field) while `ceil(value / target)` stays exactly `ceil(replicas)`.
 pub const METRIC_TARGET: f64 = 100.0;
 
-/// Fraction of a replica's learned capacity (see [`crate::capacity`]) a trigger scales its token
-/// rates against by default: 0.6 keeps replicas out of the saturated regime where queueing delay
-/// grows without bound, with the headroom a new replica's start-up needs to absorb a ramp.
+/// Fraction of a replica's learned capacity (see [`crate::core::capacity`]) a trigger scales its
+/// token rates against by default: 0.6 keeps replicas out of the saturated regime where queueing
+/// delay grows without bound, with the headroom a new replica's start-up needs to absorb a ramp.
 pub const DEFAULT_UTILIZATION: f64 = 0.6;
 
 /// A vLLM signal nightshift can scale on; one metric family the sources read for it.

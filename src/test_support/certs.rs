@@ -1,11 +1,11 @@
 //! A short-lived CA and webhook serving certificate for `localhost`/`127.0.0.1`, generated with
 //! the `certs generate` code into a directory and loaded as the webhook serves it. Shared by the
-//! webhook's tests and load benchmark.
+//! webhook's tests and benchmarks.
 
 use std::{path::Path, sync::Arc};
 
-use nightshift::{
-    tls::{Metrics, ServerTls},
+use crate::{
+    runtime::tls::{Metrics, ServerTls},
     webhook::{
         certs::{self, GenerateArgs},
         tls,

@@ -23,7 +23,7 @@ use clap::Args;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::listen::{self, HttpLimits};
+use crate::runtime::listen::{self, HttpLimits};
 
 /// Prefix of every metric nightshift exports on `/metrics`.
 pub const METRICS_PREFIX: &str = "nightshift";

@@ -1,8 +1,8 @@
-//! A vLLM metrics emulator: serves vLLM's Prometheus exposition (on 127.0.0.1 unless told otherwise) with values the
-//! test changes while it runs, under the new (≥ 0.9.2) or old KV-cache metric name, with any
+//! A vLLM metrics emulator: serves vLLM's Prometheus exposition (on 127.0.0.1 unless told
+//! otherwise) with values the test changes while it runs, under the new (≥ 0.9.2) or old KV-cache metric name, with any
 //! number of data-parallel engines, with token counters the test sets or that advance at a steady
-//! rate between scrapes, and can misbehave (slow, garbage, HTTP 500). The end-to-end
-//! suite uses it too (`tests/e2e/keda.rs`, through a `#[path]` module).
+//! rate between scrapes, and can misbehave (slow, garbage, HTTP 500). The scaler, view and
+//! end-to-end suites use it.
 
 use std::{
     fmt::Write as _,

@@ -245,7 +245,7 @@ async fn the_expiry_metric_is_the_leaf_not_after_by_server_and_follows_reloads()
     write(webhook_dir.path(), &ca.leaf_until(Some((2031, 5, 17))));
     write(scaler_dir.path(), &ca.leaf_until(Some((2030, 1, 2))));
     let metrics = Metrics::default();
-    let mut registry = Registry::with_prefix(crate::admin::METRICS_PREFIX);
+    let mut registry = Registry::with_prefix(crate::runtime::admin::METRICS_PREFIX);
     metrics.register(&mut registry);
     let webhook = load(webhook_dir.path(), "webhook", &metrics);
     let _scaler = load(scaler_dir.path(), "scaler", &metrics);
