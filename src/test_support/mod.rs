@@ -9,6 +9,8 @@
 //! - [`certs`]: a short-lived CA and serving certificate for `localhost` and `127.0.0.1`.
 //! - [`emulator`]: an emulator of vLLM's metrics endpoint that a test drives while it runs.
 //! - [`prometheus_bin`]: where the suites find a real Prometheus binary.
+//! - [`fuzz`]: the fuzz targets' checks, one function per target, that the targets in `fuzz/`
+//!   run on libFuzzer's inputs and `tests/fuzz.rs` on every committed seed.
 //!
 //! Nothing of the product imports this module.
 
@@ -16,5 +18,6 @@ pub mod certs;
 pub mod cluster;
 pub mod emulator;
 pub mod fixtures;
+pub mod fuzz;
 pub mod prometheus_bin;
 pub mod webhook;
