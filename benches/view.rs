@@ -20,7 +20,8 @@ use nightshift::{
     },
     test_support::fixtures::{node, pod},
     view::{
-        page::{self, HistoryOrigin, Timeline},
+        html,
+        model::{self, HistoryOrigin, Timeline},
         services::{POINTS, STEP, ServiceKey, Services},
     },
 };
@@ -135,8 +136,8 @@ fn benches(c: &mut Criterion) {
         services: &services,
         origin: &origin,
     };
-    let view = page::build(&controller.status(now), timeline, None);
-    let html = page::render(&view);
+    let view = model::build(&controller.status(now), timeline, None);
+    let html = html::render(&view);
     let json = serde_json::to_string(&view).expect("json");
     eprintln!(
         "view: {} nodes, {} namespaces, {} preemptions, {} + {} chart points, {} services × {} \
@@ -153,7 +154,7 @@ fn benches(c: &mut Criterion) {
         json.len() / 1024
     );
     c.bench_function("view/page_1000_nodes", |b| {
-        b.iter(|| black_box(page::render(black_box(&view))))
+        b.iter(|| black_box(html::render(black_box(&view))))
     });
     c.bench_function("view/json_1000_nodes", |b| {
         b.iter(|| black_box(serde_json::to_vec(black_box(&view)).expect("json")))
@@ -161,7 +162,7 @@ fn benches(c: &mut Criterion) {
     c.bench_function("view/build_from_controller_20000_pods", |b| {
         b.iter(|| {
             let report = controller.status(now);
-            black_box(page::build(&report, timeline, None))
+            black_box(model::build(&report, timeline, None))
         })
     });
 }

@@ -3,7 +3,8 @@
 //! - [`accounting`] (pure): GPUs per pool node, protected / lent / free, as the scheduler counts.
 //! - [`marks`] (pure): which nodes are spare given the headroom, and the label patches.
 //! - [`windows`] (pure): daily lending windows.
-//! - [`controller`] (pure): the state machine between watch events and patches, plus metrics.
+//! - [`controller`] (pure): the state machine between watch events and patches: its state and
+//!   report, with a file each for watch events, the reconcile pass, notices and metrics.
 //! - [`history`] (pure): GPUs by use over the last week, one sample a minute, for the view.
 //! - [`pending`] (pure): why a research pod waits for spare GPUs, and when to say it again.
 //! - [`reclaim`] (pure): which research pods to warn before inference takes their GPUs back.

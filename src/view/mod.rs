@@ -2,7 +2,8 @@
 //! recent preemptions, charts of the last day and week) and the same data as JSON, on a port of
 //! its own.
 //!
-//! - [`page`] (pure): the [`page::View`] data and its HTML.
+//! - [`model`] (pure): the [`model::View`] data, computed from the pool's status and history.
+//! - [`html`] (pure): the page, rendered from a [`model::View`].
 //! - [`services`] (pure): demand against replicas per inference service, a week in memory.
 //! - [`rebuild`]: the history read back from Prometheus after a restart.
 //! - this module: the options, the thin axum [`router`] over the running pool controller, the
@@ -11,7 +12,8 @@
 //! Aggregate data only: node names, namespaces, pod names of preempted pods, GPU counts. No
 //! secret, no pod spec, no write.
 
-pub mod page;
+pub mod html;
+pub mod model;
 pub mod rebuild;
 pub mod services;
 
@@ -38,7 +40,7 @@ use crate::{
     runtime::Context,
     scaler::explain::{Decisions, Explanation},
 };
-use page::HistoryOrigin;
+use model::HistoryOrigin;
 use services::{ServiceKey, Services};
 
 /// Options of the researchers' view.
@@ -149,16 +151,16 @@ impl ViewState {
     }
 
     /// The view now. The timeline is locked before the controller, everywhere.
-    fn current(&self, filter: &Filter) -> page::View {
+    fn current(&self, filter: &Filter) -> model::View {
         let t = self.timeline();
         let c = lock(&self.controller);
         let report = c.status(self.now());
-        let timeline = page::Timeline {
+        let timeline = model::Timeline {
             pool: c.history(),
             services: &t.services,
             origin: &t.origin,
         };
-        page::build(&report, timeline, filter.namespace())
+        model::build(&report, timeline, filter.namespace())
     }
 
     /// Reads the earlier history from the Prometheus at `address` and adds it, or says why not
@@ -238,7 +240,7 @@ pub fn router(state: ViewState) -> Router {
                     let view = v.current(&f);
                     (
                         [(header::CACHE_CONTROL, "no-store")],
-                        Html(page::render(&view)),
+                        Html(html::render(&view)),
                     )
                         .into_response()
                 },

@@ -1,7 +1,9 @@
 //! The mutating admission webhook that marks research pods so that the native kube-scheduler
 //! preempts them whenever inference needs the GPUs back.
 //!
-//! - [`mutate`]: the pure decision (is this a research pod?) and patch building.
+//! - [`mutate`]: the pure decision (is this a research pod? which class, what placement, or why
+//!   it is refused).
+//! - [`patch`]: the pure patch writer: the decision's changes as JSON Patch text.
 //! - [`cluster`]: namespace labels and PriorityClasses from watched caches, behind a trait.
 //! - [`review`]: AdmissionReview parsing, answers and metrics.
 //! - [`queue`]: the reviews of all connections taken in turn by one task.
@@ -22,6 +24,7 @@
 pub mod certs;
 pub mod cluster;
 pub mod mutate;
+pub mod patch;
 pub mod pod_fields;
 pub mod queue;
 pub mod review;

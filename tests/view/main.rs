@@ -21,7 +21,7 @@ use nightshift::{
     },
     scaler::explain::Explanation,
     test_support::fixtures::{node, pod},
-    view::{self, ViewState, page::View},
+    view::{self, ViewState, model::View},
 };
 use tower::ServiceExt;
 

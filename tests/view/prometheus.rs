@@ -21,7 +21,7 @@ use nightshift::{
     },
     view::{
         ViewState,
-        page::HistoryOrigin,
+        model::HistoryOrigin,
         rebuild::{self, Error},
     },
 };

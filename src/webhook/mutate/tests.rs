@@ -1,4 +1,4 @@
-//! Table-driven and property tests of the pure patch building.
+//! Table-driven and property tests of the mutation: the decision and the patch it writes.
 
 use super::*;
 use json_patch::PatchOperation;
@@ -1456,9 +1456,8 @@ fn a_patch_operation_that_cannot_be_written_refuses_the_pod() {
     let unwritable: BTreeMap<(u8, u8), u8> = [((1, 2), 3)].into();
     b.add(&["spec", "nodeSelector"], &unwritable);
     b.add(&["spec", "priorityClassName"], "nightshift-research");
-    let denial = b
-        .finish(Classification::Research { gpu: true })
-        .expect_err("refused, not marked in part");
+    let denial =
+        finish(b, Classification::Research { gpu: true }).expect_err("refused, not marked in part");
     assert!(matches!(denial, Denial::Unwritable { .. }), "{denial:?}");
     assert!(
         denial.to_string().contains("add /spec/nodeSelector"),
