@@ -42,6 +42,10 @@ pub const CHECKPOINTED_AT_ANNOTATION: &str = "nightshift.io/checkpointed-at";
 /// reclaim notice (inference is about to take the pod's GPUs back); removed when the notice is
 /// withdrawn.
 pub const RECLAIM_NOTICE_ANNOTATION: &str = "nightshift.io/reclaim-notice";
+/// Annotation set with [`RECLAIM_NOTICE_ANNOTATION`] to the inference service (its ScaledObject,
+/// `namespace/name`) whose scale-up the notice foretells, and removed with it: when the pod is
+/// then preempted, its Event and the pool's status name the service that took the GPUs.
+pub const RECLAIM_NOTICE_SERVICE_ANNOTATION: &str = "nightshift.io/reclaim-notice-service";
 /// Pod condition type of the reclaim notice: `True` while a notice stands, `False` once it is
 /// withdrawn.
 pub const RECLAIM_NOTICE_CONDITION: &str = "nightshift.io/ReclaimNotice";

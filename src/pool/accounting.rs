@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 use super::owner::{Owner, owner_of};
 use crate::core::vocabulary::{
     CHECKPOINT_PATH_ANNOTATION, CHECKPOINT_PORT_ANNOTATION, CHECKPOINTED_AT_ANNOTATION,
-    DEFAULT_CHECKPOINT_PATH, RECLAIM_NOTICE_ANNOTATION, TRUE, Vocabulary,
+    DEFAULT_CHECKPOINT_PATH, RECLAIM_NOTICE_ANNOTATION, RECLAIM_NOTICE_SERVICE_ANNOTATION, TRUE,
+    Vocabulary,
 };
 
 /// What is known about one pool node.
@@ -69,6 +70,9 @@ pub struct PodFacts {
     pub checkpointed: Option<Timestamp>,
     /// `nightshift.io/reclaim-notice`: when the pod was warned of a reclaim (research pods).
     pub noticed: Option<Timestamp>,
+    /// `nightshift.io/reclaim-notice-service`: the inference service (`namespace/name`) the
+    /// notice was given for, read with [`Self::noticed`] only.
+    pub noticed_for: Option<String>,
     /// Where the pod takes a checkpoint request (research pods that declare a port and have an
     /// address).
     pub hook: Option<Hook>,
@@ -282,6 +286,10 @@ pub fn pod_facts(pod: &Pod, names: &Vocabulary) -> PodFacts {
         .and_then(|s| s.phase.clone())
         .unwrap_or_else(|| "Pending".to_string());
     let research = is_research(pod, names);
+    let noticed = research
+        .then(|| meta.annotations.as_ref()?.get(RECLAIM_NOTICE_ANNOTATION))
+        .flatten()
+        .and_then(|v| v.trim().parse::<Timestamp>().ok());
     PodFacts {
         key,
         node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
@@ -299,10 +307,12 @@ pub fn pod_facts(pod: &Pod, names: &Vocabulary) -> PodFacts {
             .as_ref()
             .and_then(|a| a.get(CHECKPOINTED_AT_ANNOTATION))
             .and_then(|v| v.trim().parse::<Timestamp>().ok()),
-        noticed: research
-            .then(|| meta.annotations.as_ref()?.get(RECLAIM_NOTICE_ANNOTATION))
-            .flatten()
-            .and_then(|v| v.trim().parse::<Timestamp>().ok()),
+        noticed,
+        noticed_for: noticed
+            .and(meta.annotations.as_ref())
+            .and_then(|a| a.get(RECLAIM_NOTICE_SERVICE_ANNOTATION))
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty()),
         hook: if research { Hook::of(pod) } else { None },
         disruption: disruption(pod),
         owner: if research { owner_of(meta) } else { None },
@@ -416,6 +426,10 @@ pub struct DisruptionRecord {
     /// When the pod was warned of the reclaim (`nightshift.io/reclaim-notice`), if it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub noticed: Option<Timestamp>,
+    /// The inference service (its ScaledObject, `namespace/name`) whose scale-up took the GPUs,
+    /// when nightshift can tell: the service the pod's reclaim notice was given for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
     /// The pod's Job or Workflow, told of the disruption too; not part of `/status`.
     #[serde(skip)]
     pub owner: Option<Owner>,
@@ -687,6 +701,7 @@ impl DisruptionRecord {
     /// The record of `pod` disrupted for `reason` at `at`.
     pub fn new(pod: &PodFacts, reason: &str, at: Timestamp) -> Self {
         let gpus = pod.gpus.unwrap_or(0);
+        let noticed = pod.noticed.filter(|n| *n <= at);
         Self {
             namespace: pod.namespace.clone(),
             name: pod.name.clone(),
@@ -699,7 +714,8 @@ impl DisruptionRecord {
                 .map(|secs| secs.saturating_mul(gpus)),
             // The key is the UID, or `namespace/name` without one (a UID never holds a `/`).
             uid: (!pod.key.contains('/')).then(|| pod.key.clone()),
-            noticed: pod.noticed.filter(|n| *n <= at),
+            noticed,
+            service: noticed.and(pod.noticed_for.clone()),
             owner: pod.owner.clone(),
         }
     }
@@ -801,6 +817,40 @@ mod tests {
             .annotation(CHECKPOINTED_AT_ANNOTATION, "yesterday")
             .build();
         assert_eq!(pod_facts(&p, &names).checkpointed, None);
+    }
+
+    #[test]
+    fn a_preemption_names_the_service_its_notice_was_given_for() {
+        let names = Vocabulary::default();
+        let warned = Timestamp::from_second(1_900_000_000).expect("ts");
+        let preempted = warned + jiff::SignedDuration::from_secs(90);
+        let noticed = |service: Option<&str>| {
+            let p = pod("r", "x").on("a").gpus(4).research();
+            let p = p.annotation(RECLAIM_NOTICE_ANNOTATION, &warned.to_string());
+            match service {
+                Some(s) => p.annotation(RECLAIM_NOTICE_SERVICE_ANNOTATION, s),
+                None => p,
+            }
+            .build()
+        };
+        let facts = pod_facts(&noticed(Some("inference/llama")), &names);
+        let record = DisruptionRecord::new(&facts, "PreemptionByScheduler", preempted);
+        assert_eq!(record.service.as_deref(), Some("inference/llama"));
+        // A notice given after the disruption did not foretell it.
+        let record = DisruptionRecord::new(
+            &facts,
+            "PreemptionByScheduler",
+            warned - jiff::SignedDuration::from_secs(1),
+        );
+        assert_eq!((record.noticed, record.service), (None, None));
+        // Without the service annotation, or without the notice itself, nothing is named.
+        let facts = pod_facts(&noticed(None), &names);
+        assert_eq!(facts.noticed_for, None);
+        let p = pod("r", "y")
+            .research()
+            .annotation(RECLAIM_NOTICE_SERVICE_ANNOTATION, "inference/llama")
+            .build();
+        assert_eq!(pod_facts(&p, &names).noticed_for, None);
     }
 
     #[test]

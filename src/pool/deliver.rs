@@ -32,7 +32,9 @@ use super::{
     accounting::{Hook, pod_gpu_request},
     reclaim::{Action, Change, ServiceDemand},
 };
-use crate::core::vocabulary::{RECLAIM_NOTICE_ANNOTATION, RECLAIM_NOTICE_CONDITION};
+use crate::core::vocabulary::{
+    RECLAIM_NOTICE_ANNOTATION, RECLAIM_NOTICE_CONDITION, RECLAIM_NOTICE_SERVICE_ANNOTATION,
+};
 
 /// How often notices are decided: the scaler's demand moves within seconds, while KEDA polls
 /// every 30 s and the HPA syncs every 15 s by default, so a 5 s pass leaves the notice well
@@ -274,7 +276,7 @@ impl Deliverer {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
         match &change.action {
             Action::Give { at, service, hook } => {
-                annotate(&pods, &pod.name, Some(at)).await?;
+                annotate(&pods, &pod.name, Some((at, service.as_str()))).await?;
                 let message = format!(
                     "inference service {service} is about to need this pod's GPUs: checkpoint now"
                 );
@@ -355,10 +357,18 @@ fn allowed(hook: &Hook) -> bool {
     !(ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() || link_local)
 }
 
-/// Sets (`Some`) or removes (`None`) the notice annotation.
-async fn annotate(pods: &Api<Pod>, name: &str, at: Option<&Timestamp>) -> Result<(), kube::Error> {
-    let value = at.map(|t| serde_json::Value::String(t.to_string()));
-    let patch = json!({"metadata": {"annotations": {RECLAIM_NOTICE_ANNOTATION: value}}});
+/// Sets (`Some`: when, and for which service) or removes (`None`) the notice annotations.
+async fn annotate(
+    pods: &Api<Pod>,
+    name: &str,
+    notice: Option<(&Timestamp, &str)>,
+) -> Result<(), kube::Error> {
+    let at = notice.map(|(at, _)| serde_json::Value::String(at.to_string()));
+    let service = notice.map(|(_, service)| serde_json::Value::String(service.to_string()));
+    let patch = json!({"metadata": {"annotations": {
+        RECLAIM_NOTICE_ANNOTATION: at,
+        RECLAIM_NOTICE_SERVICE_ANNOTATION: service,
+    }}});
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_string()),
         ..PatchParams::default()

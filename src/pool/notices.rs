@@ -53,6 +53,8 @@ pub enum Detail {
         node: String,
         ran_seconds: Option<i64>,
         lost_gpu_minutes: u64,
+        /// The inference service that took the GPUs, when known.
+        service: Option<String>,
     },
     /// Waiting for spare GPUs; the note says why.
     Waiting,
@@ -153,14 +155,18 @@ impl PodNotice {
     /// The notice for a disrupted research pod: where, after how long, the work lost.
     pub fn disrupted(r: &DisruptionRecord) -> Self {
         let preempted = r.reason == "PreemptionByScheduler";
-        let (reason, action, verb) = if preempted {
-            (
+        let (reason, action, verb) = match (preempted, &r.service) {
+            (true, Some(service)) => (
                 "Preempted",
                 "Preempt",
-                "Preempted by the scheduler for inference",
-            )
-        } else {
-            ("Disrupted", "Disrupt", "Disrupted")
+                format!("Preempted by the scheduler for inference service {service}"),
+            ),
+            (true, None) => (
+                "Preempted",
+                "Preempt",
+                "Preempted by the scheduler for inference".to_string(),
+            ),
+            (false, _) => ("Disrupted", "Disrupt", "Disrupted".to_string()),
         };
         let node = r.node.as_deref().unwrap_or("no node");
         let ran = r.ran_seconds.map_or_else(
@@ -194,6 +200,7 @@ impl PodNotice {
                 node: node.to_string(),
                 ran_seconds: r.ran_seconds,
                 lost_gpu_minutes,
+                service: r.service.clone().filter(|_| preempted),
             },
         }
     }
@@ -345,12 +352,17 @@ fn brief(pod: &str, detail: &Detail) -> String {
             node,
             ran_seconds,
             lost_gpu_minutes,
+            service,
             ..
         } => {
             let ran = ran_seconds.map_or_else(
                 || "before it started".to_string(),
                 |s| format!("after running {}", age(s)),
             );
+            let ran = match service {
+                Some(service) => format!("{ran}, for {service}"),
+                None => ran,
+            };
             match lost_gpu_minutes {
                 0 => format!("{pod} on {node} {ran}"),
                 m => format!(
@@ -520,8 +532,42 @@ mod tests {
                 node: "gpu-17".into(),
                 ran_seconds: Some(8040),
                 lost_gpu_minutes: lost,
+                service: None,
             },
         )
+    }
+
+    #[test]
+    fn a_preempted_pod_and_its_owner_are_told_the_service_that_took_the_gpus() {
+        let record = |service: Option<&str>| DisruptionRecord {
+            namespace: "research".into(),
+            name: "sft-0".into(),
+            node: Some("gpu-17".into()),
+            reason: "PreemptionByScheduler".into(),
+            ran_seconds: Some(600),
+            gpus: 4,
+            at: jiff::Timestamp::from_second(1_900_000_000).expect("ts"),
+            lost_gpu_seconds: Some(240),
+            uid: None,
+            noticed: None,
+            service: service.map(str::to_string),
+            owner: Some(job("sft")),
+        };
+        let told = PodNotice::disrupted(&record(Some("inference/llama")));
+        assert!(
+            told.note
+                .starts_with("Preempted by the scheduler for inference service inference/llama ("),
+            "{}",
+            told.note
+        );
+        assert!(brief("sft-0", &told.detail).contains("for inference/llama"));
+        let unknown = PodNotice::disrupted(&record(None));
+        assert!(
+            unknown
+                .note
+                .starts_with("Preempted by the scheduler for inference (")
+        );
+        assert!(!brief("sft-0", &unknown.detail).contains("for "));
     }
 
     #[test]

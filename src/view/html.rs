@@ -304,19 +304,22 @@ fn preemptions(out: &mut String, view: &View) {
     } else {
         out.push_str(
             "<table id=\"preemptions\"><tr><th>When (UTC)</th><th>Namespace</th><th>Pod</th>\
-             <th>Node</th><th>Reason</th><th class=\"n\">GPUs</th><th class=\"n\">Had run</th>\
-             <th class=\"n\">GPU-hours lost</th><th class=\"n\">Warned before</th></tr>",
+             <th>Node</th><th>Reason</th><th>Taken by</th><th class=\"n\">GPUs</th>\
+             <th class=\"n\">Had run</th><th class=\"n\">GPU-hours lost</th>\
+             <th class=\"n\">Warned before</th></tr>",
         );
         for d in &view.preemptions {
             let _ = write!(
                 out,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td>\
-                 <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+                 <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+                 <td class=\"n\">{}</td></tr>",
                 d.at.strftime("%Y-%m-%d %H:%M:%S"),
                 esc(&d.namespace),
                 esc(&d.pod),
                 esc(d.node.as_deref().unwrap_or("-")),
                 esc(&d.reason),
+                esc(d.service.as_deref().unwrap_or("-")),
                 d.gpus,
                 d.ran_seconds.map_or_else(|| "-".to_string(), age),
                 d.gpu_hours_lost

@@ -91,6 +91,10 @@ pub struct Preemption {
     /// Seconds between the pod's reclaim notice and its preemption (`None`: no notice).
     #[serde(default)]
     pub warned_seconds: Option<i64>,
+    /// The inference service (ScaledObject, `namespace/name`) whose scale-up took the GPUs,
+    /// when nightshift can tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
 }
 
 /// Where the history in memory comes from.
@@ -246,6 +250,7 @@ pub fn build(report: &StatusReport, timeline: Timeline<'_>, namespace: Option<&s
             ran_seconds: d.ran_seconds,
             gpu_hours_lost: d.lost_gpu_seconds.map(hours),
             warned_seconds: d.noticed.map(|n| d.at.duration_since(n).as_secs().max(0)),
+            service: d.service.clone(),
         })
         .collect();
     let now = report.generated_at.as_second();
@@ -383,6 +388,7 @@ pub(super) mod tests {
                 lost_gpu_seconds: Some(1800),
                 uid: Some("u1".into()),
                 noticed: Some(now() - jiff::SignedDuration::from_mins(10)),
+                service: Some("inference/llama".into()),
                 owner: None,
             }],
         }
@@ -409,6 +415,7 @@ pub(super) mod tests {
         assert_eq!(v.namespaces[1].waiting_pods, 1);
         assert_eq!(v.preemptions[0].gpu_hours_lost, Some(0.5));
         assert_eq!(v.preemptions[0].warned_seconds, Some(600));
+        assert_eq!(v.preemptions[0].service.as_deref(), Some("inference/llama"));
         assert_eq!(v.namespaces[1].under_notice, 1);
     }
 

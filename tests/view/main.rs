@@ -13,7 +13,7 @@ use axum::{body::Body, http::Request};
 use jiff::Timestamp;
 use kube::runtime::watcher;
 use nightshift::{
-    core::vocabulary::Vocabulary,
+    core::vocabulary::{RECLAIM_NOTICE_ANNOTATION, RECLAIM_NOTICE_SERVICE_ANNOTATION, Vocabulary},
     pool::{
         controller::{Controller, LendingPolicy, Metrics},
         history::Sample,
@@ -104,11 +104,16 @@ fn controller_at(now: Timestamp) -> Arc<Mutex<Controller>> {
     let started = now
         .checked_sub(jiff::SignedDuration::from_secs(7200))
         .expect("ts");
+    let warned = now
+        .checked_sub(jiff::SignedDuration::from_secs(90))
+        .expect("ts");
     let rl = pod("team-b", "rl-run-2")
         .on("gpu-b")
         .gpus(2)
         .research()
-        .started(started);
+        .started(started)
+        .annotation(RECLAIM_NOTICE_ANNOTATION, &warned.to_string())
+        .annotation(RECLAIM_NOTICE_SERVICE_ANNOTATION, "inference/llama");
     c.on_pod_event(watcher::Event::Apply(rl.clone().build()), now);
     c.on_pod_event(
         watcher::Event::Apply(rl.disrupted("PreemptionByScheduler", now).build()),
@@ -170,6 +175,7 @@ async fn the_page_shows_the_pool_research_and_preemptions_of_the_fixture() {
         "<a href=\"?namespace=team-a\">team-a</a>",
         "rl-run-2",
         "PreemptionByScheduler",
+        "<td>inference/llama</td>",
         "2h0m",
         "Last 24 hours",
         "holds 1441 samples since",
@@ -201,6 +207,8 @@ async fn the_json_holds_the_same_figures_for_scripts() {
         .iter()
         .find(|n| n.namespace == "team-b")
         .expect("team-b");
+    assert_eq!(v.preemptions[0].service.as_deref(), Some("inference/llama"));
+    assert_eq!(v.preemptions[0].warned_seconds, Some(90));
     // The preempted pod holds its GPUs until it is gone, as the scheduler counts.
     assert_eq!((team_b.gpus_now, team_b.preemptions), (8, 1));
     assert_eq!(

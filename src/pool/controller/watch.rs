@@ -370,6 +370,7 @@ mod tests {
         let rendered = status.render();
         assert!(rendered.contains("Research by namespace"), "{rendered}");
         assert!(rendered.contains("LOST GPU-H"), "{rendered}");
+        assert!(rendered.contains("TAKEN BY"), "{rendered}");
     }
 
     #[test]
