@@ -22,15 +22,15 @@ use nightshift::scaler::service::proto::{
 };
 use serde_json::json;
 
-use crate::admission::{assert_marked, create_pod, research_pod, wait_webhook_active};
-use crate::binary::{
+use crate::harness::binary::{
     self, NAMESPACE, Nightshift, Registration, SPARE, SPARE_GPUS, Workspace, kubectl_ok,
     remove_spare_marks, token_kubeconfig,
 };
-use crate::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE, POOL_LABEL};
-use crate::objects::{self, is_bound, is_running, node_of};
-use crate::victims;
-use crate::wait::{self, Check};
+use crate::harness::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE, POOL_LABEL};
+use crate::harness::objects::{self, is_bound, is_running, node_of};
+use crate::harness::victims;
+use crate::harness::wait::{self, Check};
+use crate::scenarios::admission::{assert_marked, create_pod, research_pod, wait_webhook_active};
 
 const NS: &str = "e2e-rbac";
 /// Not a research namespace: its pod is inference, which preempts research.
@@ -275,8 +275,8 @@ async fn scenario(c: &Cluster) -> Result<()> {
 /// nightshift trigger names the scaler's Service, and waits until nightshift (as `sa`) has read
 /// the Deployment, the last call of a reclaim-notice pass, in the API server's audit log.
 async fn scaled_object_seen(c: &Cluster, sa: &str) -> Result<()> {
-    let crd = crate::admission::crd_dir()?.join("keda.sh_scaledobjects.yaml");
-    crate::admission::apply_crds(c, &[crd])?;
+    let crd = crate::scenarios::admission::crd_dir()?.join("keda.sh_scaledobjects.yaml");
+    crate::scenarios::admission::apply_crds(c, &[crd])?;
     let deployment = objects::inference_deployment("vllm", 0, 4)?;
     let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
         Api::namespaced(c.client.clone(), NS);

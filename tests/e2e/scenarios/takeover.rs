@@ -22,15 +22,15 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-use crate::admission;
-use crate::binary::{self, NAMESPACE, Nightshift, Registration, Workspace};
-use crate::chaos;
-use crate::cluster::Cluster;
-use crate::endpoints::ServiceEndpoints;
-use crate::objects::{self, RESEARCH_CLASS, is_running};
-use crate::process::host_ip;
-use crate::victims;
-use crate::wait::{self, Check};
+use crate::harness::binary::{self, NAMESPACE, Nightshift, Registration, Workspace};
+use crate::harness::cluster::Cluster;
+use crate::harness::endpoints::ServiceEndpoints;
+use crate::harness::objects::{self, RESEARCH_CLASS, is_running};
+use crate::harness::process::host_ip;
+use crate::harness::victims;
+use crate::harness::wait::{self, Check};
+use crate::scenarios::admission;
+use crate::scenarios::chaos;
 
 const RESEARCH_NS: &str = "e2e-takeover";
 const RESEARCH_SELECTOR: &str = "role=research";

@@ -20,12 +20,12 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
-use crate::admission::{deploy, research_pod, wait_webhook_active};
-use crate::binary::{self, Nightshift, Registration, Workspace, remove_spare_marks};
-use crate::cluster::{Cluster, GPU_NODES};
-use crate::objects::{self, is_bound};
-use crate::proxy::Proxy;
-use crate::wait::{self, Check};
+use crate::harness::binary::{self, Nightshift, Registration, Workspace, remove_spare_marks};
+use crate::harness::cluster::{Cluster, GPU_NODES};
+use crate::harness::objects::{self, is_bound};
+use crate::harness::proxy::Proxy;
+use crate::harness::wait::{self, Check};
+use crate::scenarios::admission::{deploy, research_pod, wait_webhook_active};
 
 const RESTART_NS: &str = "e2e-chaos-restart";
 /// How long each step gets (they take a second or two; the API server's restart 5-15 s on a

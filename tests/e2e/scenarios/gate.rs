@@ -19,12 +19,12 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
-use crate::admission::deploy_with;
-use crate::binary::{self, SPARE};
-use crate::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE};
-use crate::objects::{self, is_bound, is_running, node_of};
-use crate::victims::VictimWatch;
-use crate::wait::{self, Check};
+use crate::harness::binary::{self, SPARE};
+use crate::harness::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE};
+use crate::harness::objects::{self, is_bound, is_running, node_of};
+use crate::harness::victims::VictimWatch;
+use crate::harness::wait::{self, Check};
+use crate::scenarios::admission::deploy_with;
 
 const RESEARCH_NS: &str = "e2e-gate-research";
 const INFERENCE_NS: &str = "e2e-gate-inference";
@@ -67,7 +67,7 @@ async fn scenario(c: &Cluster) -> Result<()> {
     c.create_namespace(RESEARCH_NS, json!({"nightshift.io/research": "true"}))
         .await?;
     c.create_namespace(INFERENCE_NS, json!({})).await?;
-    crate::admission::wait_webhook_active(c, RESEARCH_NS).await?;
+    crate::scenarios::admission::wait_webhook_active(c, RESEARCH_NS).await?;
 
     // Open window, headroom of one node: every node but one is marked spare.
     let marks = wait_marks(c, "3 spare nodes and 1 headroom node", |m| {

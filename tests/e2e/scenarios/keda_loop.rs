@@ -27,15 +27,15 @@ use k8s_openapi::api::core::v1::{Event, Node};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::admission::{self, deploy_with};
-use crate::binary::{self, SPARE};
-use crate::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE, POOL, POOL_LABEL};
-use crate::keda_stack::ADAPTER;
-use crate::objects::{self, is_bound, is_running};
-use crate::source::emulator::Emulator;
-use crate::source::{Prometheus, find_prometheus};
-use crate::victims::{self, VictimWatch};
-use crate::wait::{self, Check};
+use crate::harness::binary::{self, SPARE};
+use crate::harness::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE, POOL, POOL_LABEL};
+use crate::harness::keda_stack::ADAPTER;
+use crate::harness::objects::{self, is_bound, is_running};
+use crate::harness::source::emulator::Emulator;
+use crate::harness::source::{Prometheus, find_prometheus};
+use crate::harness::victims::{self, VictimWatch};
+use crate::harness::wait::{self, Check};
+use crate::scenarios::admission::{self, deploy_with};
 
 const INFERENCE_NS: &str = "e2e-loop";
 const RESEARCH_NS: &str = "e2e-loop-research";
@@ -64,7 +64,7 @@ const INFERENCE_GPUS: u32 = 4;
 /// More research pods than spare GPUs, so that some always wait and take freed GPUs at once.
 const RESEARCH_PODS: i32 = 40;
 /// KEDA's polling interval, compressed from the example's 10 s so that the scenario takes
-/// seconds (the HPA syncs every [`crate::cluster::HPA_SYNC`]).
+/// seconds (the HPA syncs every [`crate::harness::cluster::HPA_SYNC`]).
 const POLLING_INTERVAL: i64 = 1;
 /// Failed HPA syncs observed while nightshift is down: the HPA must have tried (and failed)
 /// several times without changing anything.
@@ -87,7 +87,7 @@ pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
             Err(anyhow!(
                 "{e:#}\nPrometheus log kept in {}\n----- prometheus -----\n{}",
                 kept.display(),
-                crate::process::tail(&kept.join("prometheus.log"), 20)
+                crate::harness::process::tail(&kept.join("prometheus.log"), 20)
             ))
         }
     }

@@ -5,7 +5,7 @@
 //!
 //! Also: every rendered kustomization (base, overlays) and example is validated by the API
 //! server's schemas with `kubectl apply --dry-run=server`, custom kinds against the projects'
-//! real CRDs (fetched by `tests/e2e/fetch-crds.sh`).
+//! real CRDs (fetched by `tests/e2e/scripts/fetch-crds.sh`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,10 +18,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
-use crate::binary::{self, NAMESPACE, Nightshift, Registration, Workspace, kubectl_ok};
-use crate::cluster::{Cluster, GPU_RESOURCE, POOL, POOL_LABEL};
-use crate::objects::{self, RESEARCH_CLASS, RESEARCH_VALUE, is_running};
-use crate::wait::{self, Check};
+use crate::harness::binary::{self, NAMESPACE, Nightshift, Registration, Workspace, kubectl_ok};
+use crate::harness::cluster::{Cluster, GPU_RESOURCE, POOL, POOL_LABEL};
+use crate::harness::objects::{self, RESEARCH_CLASS, RESEARCH_VALUE, is_running};
+use crate::harness::wait::{self, Check};
 
 const RESEARCH_NS: &str = "e2e-admission-research";
 const PLAIN_NS: &str = "e2e-admission-plain";
@@ -700,12 +700,12 @@ pub fn apply_crds(c: &Cluster, files: &[PathBuf]) -> Result<()> {
 }
 
 /// Directory of the CRD files: `$NIGHTSHIFT_E2E_CRD_DIR`, else fetched (once, cached) by
-/// `tests/e2e/fetch-crds.sh`.
+/// `tests/e2e/scripts/fetch-crds.sh`.
 pub fn crd_dir() -> Result<PathBuf> {
     if let Some(d) = std::env::var_os(CRD_DIR_ENV) {
         return Ok(PathBuf::from(d));
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/fetch-crds.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/scripts/fetch-crds.sh");
     let out = std::process::Command::new("bash")
         .arg(&script)
         .output()

@@ -24,17 +24,17 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 
-use crate::admission::{self, create_pod};
-use crate::binary::{self, Nightshift, Registration, Workspace};
-use crate::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE};
-use crate::keda_loop::{
+use crate::harness::binary::{self, Nightshift, Registration, Workspace};
+use crate::harness::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE};
+use crate::harness::objects::{self, is_running};
+use crate::harness::victims::{self, VictimWatch};
+use crate::harness::wait::{self, Check};
+use crate::scenarios::admission::{self, create_pod};
+use crate::scenarios::keda_loop::{
     adapt_deployment, adapt_scaled_object, create_model_token, read_example, start_source,
     wait_hpa_desired, wait_replicas,
 };
-use crate::objects::{self, is_running};
-use crate::rbac;
-use crate::victims::{self, VictimWatch};
-use crate::wait::{self, Check};
+use crate::scenarios::rbac;
 
 const INFERENCE_NS: &str = "e2e-notice";
 const RESEARCH_NS: &str = "e2e-notice-research";
@@ -72,7 +72,7 @@ type Calls = Arc<Mutex<BTreeMap<String, usize>>>;
 
 /// A checkpoint endpoint on this machine's address (where kwok puts host-network pods).
 async fn hook_server() -> Result<(u16, Calls, tokio::task::JoinHandle<()>)> {
-    let ip = crate::process::host_ip()?;
+    let ip = crate::harness::process::host_ip()?;
     let listener = tokio::net::TcpListener::bind((ip, 0)).await?;
     let port = listener.local_addr()?.port();
     let calls: Calls = Arc::default();

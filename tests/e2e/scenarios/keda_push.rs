@@ -18,14 +18,14 @@ use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
 
-use crate::admission::deploy_with;
-use crate::binary;
-use crate::cluster::Cluster;
-use crate::keda_loop::{
+use crate::harness::binary;
+use crate::harness::cluster::Cluster;
+use crate::harness::wait::{self, Check};
+use crate::scenarios::admission::deploy_with;
+use crate::scenarios::keda_loop::{
     adapt_deployment, adapt_scaled_object, create_model_token, scaled_object_resource,
     start_source, wait_condition, wait_hpa_desired, wait_replicas,
 };
-use crate::wait::{self, Check};
 
 const INFERENCE_NS: &str = "e2e-push";
 const SCALED_OBJECT: &str = "vllm-llama";
