@@ -22,10 +22,12 @@ use serde_json::{Value, json};
 
 use crate::harness::binary::{self, Nightshift, Registration, Workspace, remove_spare_marks};
 use crate::harness::cluster::{Cluster, GPU_NODES};
+use crate::harness::deploy::{deploy, wait_webhook_active};
 use crate::harness::objects::{self, is_bound};
+use crate::harness::pool::{converged, marked_nodes, wait_leader, wait_marked_nodes};
 use crate::harness::proxy::Proxy;
+use crate::harness::research::research_pod;
 use crate::harness::wait::{self, Check};
-use crate::scenarios::admission::{deploy, research_pod, wait_webhook_active};
 
 const RESTART_NS: &str = "e2e-chaos-restart";
 /// How long each step gets (they take a second or two; the API server's restart 5-15 s on a
@@ -221,7 +223,7 @@ async fn partition(c: &Cluster) -> Result<()> {
     ns.wait_ready().await?;
     let admin = ns.admin_api();
     wait_leader(c, &mut ns, 1.0, STEP).await?;
-    wait_marks(c, &mut ns, GPU_NODES as usize, STEP).await?;
+    wait_marked_nodes(c, &mut ns, GPU_NODES as usize, STEP).await?;
 
     // Cut: nightshift alone loses the API server; it must step down within its Lease.
     proxy.cut(true);
@@ -252,7 +254,7 @@ async fn partition(c: &Cluster) -> Result<()> {
     let healed = Instant::now();
     wait_leader(c, &mut ns, 1.0, STEP).await?;
     let leader_in = healed.elapsed();
-    wait_marks(c, &mut ns, GPU_NODES as usize, STEP).await?;
+    wait_marked_nodes(c, &mut ns, GPU_NODES as usize, STEP).await?;
     let marks_in = healed.elapsed();
     ns.check_running()?;
     ensure!(
@@ -283,93 +285,6 @@ async fn wait_bound(c: &Cluster, n: usize) -> Result<()> {
         } else {
             Check::Pending(format!("{bound} of {} bound", pods.len()))
         })
-    })
-    .await
-}
-
-/// Waits until `/status` counts `lent` GPUs lent, is synced and leads, and every pool node's
-/// spare labels agree with the accounting `/status` shows for it.
-pub async fn converged(c: &Cluster, ns: &Nightshift, lent: u32, phase: &str) -> Result<()> {
-    let admin = ns.admin_api();
-    wait::until(
-        &format!("marks and /status to converge {phase}"),
-        STEP,
-        || {
-            let admin = admin.clone();
-            async move {
-                let status: Value = serde_json::from_str(&admin.get("/status").await?)?;
-                let labels = binary::spare_marks(c).await?;
-                let mut disagree = Vec::new();
-                for node in status["nodes"].as_array().into_iter().flatten() {
-                    let name = node["name"].as_str().unwrap_or_default();
-                    let expected = node["spare_gpus"].as_u64().map(|g| g.to_string());
-                    let labelled = labels.get(name).cloned().flatten();
-                    if expected != labelled {
-                        disagree.push(format!("{name}: label {labelled:?}, status {expected:?}"));
-                    }
-                }
-                let ok = status["synced"] == true
-                    && status["leader"] != false
-                    && status["totals"]["lent"].as_u64() == Some(u64::from(lent))
-                    && status["nodes"].as_array().map_or(0, Vec::len) == GPU_NODES as usize
-                    && disagree.is_empty();
-                Ok(if ok {
-                    Check::Done(())
-                } else {
-                    Check::Pending(format!(
-                        "synced {}, leader {}, lent {}, disagreeing marks {disagree:?}",
-                        status["synced"], status["leader"], status["totals"]["lent"]
-                    ))
-                })
-            }
-        },
-    )
-    .await
-}
-
-async fn marked_nodes(c: &Cluster) -> Result<usize> {
-    Ok(binary::spare_marks(c)
-        .await?
-        .values()
-        .filter(|v| v.is_some())
-        .count())
-}
-
-async fn wait_marks(c: &Cluster, ns: &mut Nightshift, n: usize, timeout: Duration) -> Result<()> {
-    wait::until(&format!("{n} nodes marked spare"), timeout, || {
-        let running = ns.check_running();
-        async move {
-            running?;
-            let marked = marked_nodes(c).await?;
-            Ok(if marked == n {
-                Check::Done(())
-            } else {
-                Check::Pending(format!("{marked} marked"))
-            })
-        }
-    })
-    .await
-}
-
-pub async fn wait_leader(
-    c: &Cluster,
-    ns: &mut Nightshift,
-    value: f64,
-    timeout: Duration,
-) -> Result<()> {
-    let admin = ns.admin_api();
-    wait::until(&format!("nightshift_pool_leader {value}"), timeout, || {
-        let running = ns.check_running().and(c.check_processes());
-        let admin = admin.clone();
-        async move {
-            running?;
-            let v = admin.metric("nightshift_pool_leader").await?;
-            Ok(if v == value {
-                Check::Done(())
-            } else {
-                Check::Pending(format!("{v}"))
-            })
-        }
     })
     .await
 }

@@ -20,10 +20,9 @@ use crate::harness::binary::{
     kubectl_ok, remove_spare_marks, serves_current_certificate,
 };
 use crate::harness::cluster::{Cluster, GPU_NODES, POOL_LABEL};
+use crate::harness::deploy::{deploy, wait_webhook_active};
+use crate::harness::research::{assert_marked, assert_untouched, create_pod, research_pod};
 use crate::harness::wait::{self, Check};
-use crate::scenarios::admission::{
-    assert_marked, assert_untouched, create_pod, deploy, research_pod, wait_webhook_active,
-};
 
 const RESEARCH_NS: &str = "e2e-failure-research";
 const PLAIN_NS: &str = "e2e-failure-plain";

@@ -20,12 +20,12 @@ use serde_json::{Value, json};
 
 use crate::harness::binary;
 use crate::harness::cluster::Cluster;
-use crate::harness::wait::{self, Check};
-use crate::scenarios::admission::deploy_with;
-use crate::scenarios::keda_loop::{
+use crate::harness::deploy::deploy_with;
+use crate::harness::example::{
     adapt_deployment, adapt_scaled_object, create_model_token, scaled_object_resource,
     start_source, wait_condition, wait_hpa_desired, wait_replicas,
 };
+use crate::harness::wait::{self, Check};
 
 const INFERENCE_NS: &str = "e2e-push";
 const SCALED_OBJECT: &str = "vllm-llama";

@@ -26,15 +26,15 @@ use serde_json::{Value, json};
 
 use crate::harness::binary::{self, Nightshift, Registration, Workspace};
 use crate::harness::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE};
-use crate::harness::objects::{self, is_running};
-use crate::harness::victims::{self, VictimWatch};
-use crate::harness::wait::{self, Check};
-use crate::scenarios::admission::{self, create_pod};
-use crate::scenarios::keda_loop::{
+use crate::harness::deploy::{forbidden_lines, service_account_kubeconfig, wait_webhook_active};
+use crate::harness::example::{
     adapt_deployment, adapt_scaled_object, create_model_token, read_example, start_source,
     wait_hpa_desired, wait_replicas,
 };
-use crate::scenarios::rbac;
+use crate::harness::objects::{self, is_running};
+use crate::harness::research::{self, create_pod};
+use crate::harness::victims::{self, VictimWatch};
+use crate::harness::wait::{self, Check};
 
 const INFERENCE_NS: &str = "e2e-notice";
 const RESEARCH_NS: &str = "e2e-notice-research";
@@ -98,7 +98,7 @@ async fn hook_server() -> Result<(u16, Calls, tokio::task::JoinHandle<()>)> {
 
 /// A research pod of [`GPUS`] GPUs on the host network, declaring the checkpoint port.
 fn research_pod(name: &str, port: u16) -> Value {
-    let mut pod = admission::research_pod(name, &[("role", "research")]);
+    let mut pod = research::research_pod(name, &[("role", "research")]);
     pod["metadata"]["annotations"] = json!({"nightshift.io/checkpoint-port": port.to_string()});
     pod["spec"]["hostNetwork"] = json!(true);
     pod["spec"]["terminationGracePeriodSeconds"] = json!(5);
@@ -170,7 +170,7 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
     let ws = Workspace::new()?;
     let _registration = Registration::new(c);
     ws.apply_local_overlay(c, PLACEHOLDER_PORT)?;
-    let kubeconfig = rbac::service_account_kubeconfig(c, &ws)?;
+    let kubeconfig = service_account_kubeconfig(c, &ws)?;
     let mut nightshift =
         Nightshift::start_with(c, "nightshift-notice", &kubeconfig, &ws.certs(), 0, &extra).await?;
     ws.apply_local_overlay(c, nightshift.webhook.port())?;
@@ -178,7 +178,7 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
     c.create_namespace(RESEARCH_NS, json!({"nightshift.io/research": "true"}))
         .await?;
     c.create_namespace(INFERENCE_NS, json!({})).await?;
-    admission::wait_webhook_active(c, RESEARCH_NS).await?;
+    wait_webhook_active(c, RESEARCH_NS).await?;
     let (port, calls, _server) = hook_server().await?;
 
     // The example, one replica.
@@ -356,7 +356,7 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
     nightshift
         .check_running()
         .context("nightshift after the notice scenario")?;
-    let refused = rbac::forbidden_lines(&nightshift);
+    let refused = forbidden_lines(&nightshift);
     ensure!(
         refused.is_empty(),
         "nightshift under the ServiceAccount was refused API calls:\n{}",
