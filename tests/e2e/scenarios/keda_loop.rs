@@ -28,6 +28,7 @@ use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::harness::binary::{self, SPARE};
+use crate::harness::bounds;
 use crate::harness::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE, POOL_LABEL};
 use crate::harness::deploy::{deploy_with, wait_webhook_active};
 use crate::harness::example::{
@@ -277,6 +278,8 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         counted.0,
         counted.1
     );
+    bounds::RISE_TO_DESIRED.check(to_desired)?;
+    bounds::RISE_TO_BOUND.check(to_bound)?;
 
     // Load falls: the HPA scales down, spare marks return, the waiting research binds again.
     let t_drop = Instant::now();
@@ -304,6 +307,8 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         to_down.as_secs_f64(),
         to_research.as_secs_f64()
     );
+    bounds::FALL_TO_REPLICAS.check(to_down)?;
+    bounds::FALL_TO_RESEARCH.check(to_research)?;
 
     // The vLLM source fails: nightshift answers errors, never zero; KEDA falls back.
     let t_kill = Instant::now();
@@ -350,6 +355,8 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         to_fallback.as_secs_f64(),
         to_fallback_replicas.as_secs_f64()
     );
+    bounds::SOURCE_DOWN_TO_FALLBACK.check(to_fallback)?;
+    bounds::SOURCE_DOWN_TO_FALLBACK_REPLICAS.check(to_fallback_replicas)?;
 
     // The source returns: fallback ends, normal scaling resumes at the low load.
     let t_back = Instant::now();
@@ -405,6 +412,7 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         metric_back.as_secs_f64(),
         t_adapter.elapsed().as_secs_f64()
     );
+    bounds::METRIC_DOWN_TO_HELD.check(adapter_down.failed_after)?;
 
     // nightshift killed: KEDA cannot even read the metric spec, so it has nothing to fall back
     // on; the HPA cannot read the metric and holds its replicas.
@@ -432,6 +440,7 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         nightshift_down.failed_after.as_secs_f64(),
         nightshift_down.held_syncs
     );
+    bounds::METRIC_DOWN_TO_HELD.check(nightshift_down.failed_after)?;
     Ok(())
 }
 

@@ -19,6 +19,7 @@ use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
 
 use crate::harness::binary;
+use crate::harness::bounds;
 use crate::harness::cluster::Cluster;
 use crate::harness::deploy::deploy_with;
 use crate::harness::example::{
@@ -144,6 +145,7 @@ async fn scenario(c: &Cluster, dir: &std::path::Path) -> Result<()> {
         scaled.as_secs_f64(),
         slept.as_secs_f64()
     );
+    bounds::PUSH_TO_FIRST_REPLICA.check(woke)?;
     Ok(())
 }
 

@@ -25,6 +25,7 @@ use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 
 use crate::harness::binary::{self, Nightshift, Registration, Workspace};
+use crate::harness::bounds;
 use crate::harness::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE};
 use crate::harness::deploy::{forbidden_lines, service_account_kubeconfig, wait_webhook_active};
 use crate::harness::example::{
@@ -274,6 +275,7 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         100.0 * with_notice as f64 / preempted.len().max(1) as f64,
         lead.as_secs_f64()
     );
+    bounds::NEAR_REPLICA_TO_NOTICE.check(notice_after)?;
     ensure!(
         with_notice == preempted.len(),
         "every preempted research pod should have had its notice first: preempted {preempted:?}, \
