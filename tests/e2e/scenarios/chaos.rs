@@ -4,27 +4,38 @@
 //!   stored marked, never stored unmarked; nightshift keeps running, its watches resume, and the
 //!   spare marks and `/status` accounting converge on the state changed after the restart;
 //! - nightshift alone is cut off from the API server (its connection runs through a proxy the
-//!   test cuts) for longer than its Lease: it steps down (`nightshift_pool_leader` 0) and writes
-//!   no marks; once the link heals it takes the Lease back and the marks return.
+//!   test cuts): it steps down (`nightshift_pool_leader` 0) within its Lease. Another replica
+//!   then holds the Lease and the link heals: nightshift reads the cluster again (its `/status`
+//!   shows the marks as the nodes carry them, all of them wrong) and writes none of them, though
+//!   it could. Once the other replica releases the Lease, nightshift takes it and rewrites the
+//!   marks within the time it was watched, so a write in that time would have been seen.
 //!
 //! Each part prints its recovery times.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::harness::binary::{self, Nightshift, Registration, Workspace, remove_spare_marks};
-use crate::harness::cluster::{Cluster, GPU_NODES};
+use crate::harness::binary::{
+    self, AdminApi, NAMESPACE, Nightshift, Registration, SPARE, SPARE_GPUS, Workspace, kubectl_ok,
+    remove_spare_marks,
+};
+use crate::harness::bounds::Bound;
+use crate::harness::cluster::{Cluster, GPU_NODES, POOL_LABEL};
 use crate::harness::deploy::{deploy, wait_webhook_active};
 use crate::harness::objects::{self, is_bound};
-use crate::harness::pool::{converged, marked_nodes, wait_leader, wait_marked_nodes};
+use crate::harness::pool::{converged, wait_leader, wait_marked_nodes};
 use crate::harness::proxy::Proxy;
 use crate::harness::research::research_pod;
 use crate::harness::wait::{self, Check};
@@ -43,10 +54,23 @@ const DOWN_FOR: Duration = Duration::from_secs(5);
 /// flooding the API server.
 const STREAM_PACE: Duration = Duration::from_millis(200);
 /// The Lease of the partitioned nightshift: short, so that the scenario waits seconds, not the
-/// production 15 s; stepping down takes 2/3 of it (the renew deadline).
+/// production 15 s; stepping down takes 2/3 of it (the renew deadline) and one check (2/15).
 const LEASE: Duration = Duration::from_secs(6);
-/// How long the partitioned, stepped-down nightshift is watched for marks it must not write.
+/// A partitioned leader must stop acting before anyone may take its Lease over: within the
+/// Lease after the cut (its last renewal came before it). The test reads the leader gauge every
+/// 250 ms over HTTP, so it may see the step-down up to two of its polls late.
+const STEP_DOWN: Bound = Bound {
+    step: "partitioned leader → stepped down",
+    max: Duration::from_millis(6_500),
+};
+/// How long the stepped-down nightshift, reconnected, is watched for marks it must not write:
+/// four of its 1 s reconcile passes. A leader rewrites wrong marks at its next pass; that it
+/// does within this time is checked once the Lease is released.
 const OBSERVE: Duration = Duration::from_secs(4);
+/// The pool Lease (`--pool-lease-name`'s default, in `--pool-lease-namespace`).
+const LEASE_NAME: &str = "nightshift-pool";
+/// The other replica that holds the Lease while nightshift stands by.
+const OTHER_HOLDER: &str = "nightshift-e2e-other-replica";
 
 pub async fn run_restart(cluster: Arc<Cluster>) -> Result<()> {
     let c = &*cluster;
@@ -59,8 +83,11 @@ pub async fn run_restart(cluster: Arc<Cluster>) -> Result<()> {
 pub async fn run_partition(cluster: Arc<Cluster>) -> Result<()> {
     let c = &*cluster;
     let result = partition(c).await;
+    // Whatever happened, no Lease held by a replica that does not exist: later scenarios'
+    // nightshift would wait for it to expire.
+    let lease = write_lease(c, None, Some(OTHER_HOLDER)).await;
     let unmark = remove_spare_marks(c);
-    result.and(unmark)
+    result.and(lease).and(unmark)
 }
 
 /// What the stream of creations saw.
@@ -228,34 +255,66 @@ async fn partition(c: &Cluster) -> Result<()> {
     // Cut: nightshift alone loses the API server; it must step down within its Lease.
     proxy.cut(true);
     let cut = Instant::now();
-    wait_leader(c, &mut ns, 0.0, LEASE + STEP).await?;
+    wait_leader(c, &mut ns, 0.0, STEP).await?;
     let stepped_down = cut.elapsed();
+    STEP_DOWN.check(stepped_down)?;
     let status: Value = serde_json::from_str(&admin.get("/status").await?)?;
     ensure!(
         status["leader"] == false,
         "/status while partitioned says leader {}",
         status["leader"]
     );
-    // The marks are removed behind its back; a stepped-down nightshift writes none.
-    remove_spare_marks(c)?;
+
+    // Another replica takes the Lease, as one would once it expired, and renews it. The marks
+    // are made wrong behind nightshift's back: half the nodes unmarked, the others marked with
+    // one spare GPU.
+    let other = OtherHolder::take(c).await?;
+    let wrong = make_marks_wrong(c).await?;
+
+    // Heal: nightshift reaches the API server again. Its watches catch up (its /status shows the
+    // wrong marks and that it would write others on every node), and it stands by.
+    proxy.cut(false);
+    let healed = Instant::now();
+    wait_sees_wrong_marks(&admin, &wrong).await?;
+    let reconnected = healed.elapsed();
+    let leader_status: Value = serde_json::from_str(&admin.get("/status").await?)?;
+    ensure!(
+        leader_status["leader"] == false,
+        "nightshift leads while another replica holds the Lease: {}",
+        leader_status["leader"]
+    );
+
+    // It could write now, and must not: for OBSERVE, the marks stay exactly as they were made.
     let observe = Instant::now();
     while observe.elapsed() < OBSERVE {
         ns.check_running()?;
-        let n = marked_nodes(c).await?;
+        let now = spare_labels(c).await?;
         ensure!(
-            n == 0,
-            "{n} nodes marked spare while nightshift was partitioned"
+            now == wrong,
+            "a stepped-down nightshift changed the spare marks while another replica held the \
+             Lease: {wrong:?} became {now:?}"
+        );
+        let leading = admin.metric("nightshift_pool_leader").await?;
+        ensure!(
+            leading == 0.0,
+            "nightshift_pool_leader {leading} while another replica holds the Lease"
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 
-    // Heal: it takes the Lease back and marks again.
-    proxy.cut(false);
-    let healed = Instant::now();
+    // The other replica releases the Lease: nightshift takes it and corrects the marks, within
+    // the time it was watched above.
+    other.release(c).await?;
+    let released = Instant::now();
     wait_leader(c, &mut ns, 1.0, STEP).await?;
-    let leader_in = healed.elapsed();
-    wait_marked_nodes(c, &mut ns, GPU_NODES as usize, STEP).await?;
-    let marks_in = healed.elapsed();
+    let leader_in = released.elapsed();
+    converged(c, &ns, 0, "after the other replica released the Lease").await?;
+    let marks_in = released.elapsed();
+    ensure!(
+        marks_in <= OBSERVE,
+        "nightshift, leading again, corrected the marks only after {marks_in:?}: a write during \
+         the {OBSERVE:?} it was watched as a standby might have gone unseen"
+    );
     ns.check_running()?;
     ensure!(
         !ns.log().contains("panicked"),
@@ -263,14 +322,175 @@ async fn partition(c: &Cluster) -> Result<()> {
         ns.log_tail(30)
     );
     eprintln!(
-        "chaos: partitioned for {:.1} s (Lease {} s): stepped down after {:.2} s, no mark \
-         written; healed: leader again in {:.2} s, marks back in {:.2} s",
-        healed.duration_since(cut).as_secs_f64(),
+        "chaos: partitioned (Lease {} s): stepped down after {:.2} s (bound {:.1} s); another \
+         replica took the Lease; healed: nightshift saw the cluster again after {:.2} s and \
+         wrote no mark for {:.0} s; Lease released: leader again in {:.2} s, marks corrected \
+         in {:.2} s",
         LEASE.as_secs(),
         stepped_down.as_secs_f64(),
+        STEP_DOWN.max.as_secs_f64(),
+        reconnected.as_secs_f64(),
+        OBSERVE.as_secs_f64(),
         leader_in.as_secs_f64(),
         marks_in.as_secs_f64()
     );
+    Ok(())
+}
+
+/// The spare labels (`nightshift.io/spare*`) of every pool node, by node.
+async fn spare_labels(c: &Cluster) -> Result<BTreeMap<String, BTreeMap<String, String>>> {
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let list = nodes
+        .list(&ListParams::default().labels(POOL_LABEL))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .map(|n| {
+            let labels = n.metadata.labels.unwrap_or_default();
+            let spare = labels
+                .into_iter()
+                .filter(|(k, _)| k.starts_with(SPARE))
+                .collect();
+            (n.metadata.name.unwrap_or_default(), spare)
+        })
+        .collect())
+}
+
+/// Makes every pool node's spare marks wrong: the first half unmarked, the others marked with
+/// one spare GPU (the pool is empty: every node has all its GPUs spare). Returns the labels.
+async fn make_marks_wrong(c: &Cluster) -> Result<BTreeMap<String, BTreeMap<String, String>>> {
+    remove_spare_marks(c)?;
+    let names: Vec<String> = spare_labels(c).await?.into_keys().collect();
+    let marked = &names[names.len() / 2..];
+    let mut args: Vec<&str> = vec!["label", "nodes"];
+    args.extend(marked.iter().map(String::as_str));
+    let (spare, spare_gpus) = (format!("{SPARE}=true"), format!("{SPARE_GPUS}=1"));
+    args.extend([spare.as_str(), spare_gpus.as_str(), "--overwrite"]);
+    kubectl_ok(c, &args, None)?;
+    spare_labels(c).await
+}
+
+/// Waits until nightshift's `/status` shows every node's marks as `wrong` has them (its node
+/// watch delivers again) and a different decision for each (a leader would rewrite them all).
+async fn wait_sees_wrong_marks(
+    admin: &AdminApi,
+    wrong: &BTreeMap<String, BTreeMap<String, String>>,
+) -> Result<()> {
+    wait::until("nightshift to see the wrong marks", STEP, || async {
+        let status: Value = serde_json::from_str(&admin.get("/status").await?)?;
+        let mut pending = Vec::new();
+        for node in status["nodes"].as_array().into_iter().flatten() {
+            let name = node["name"].as_str().unwrap_or_default();
+            let carried = wrong
+                .get(name)
+                .and_then(|l| l.get(SPARE_GPUS))
+                .map(String::as_str);
+            let seen = node["marked_spare_gpus"].as_str();
+            let decided = node["spare_gpus"].as_u64().map(|g| g.to_string());
+            if seen != carried || decided.is_none() || decided.as_deref() == carried {
+                pending.push(format!(
+                    "{name}: carries {carried:?}, /status sees {seen:?} and decides {decided:?}"
+                ));
+            }
+        }
+        let nodes = status["nodes"].as_array().map_or(0, Vec::len);
+        Ok(if pending.is_empty() && nodes == wrong.len() {
+            Check::Done(())
+        } else {
+            Check::Pending(format!("{nodes} nodes in /status; {pending:?}"))
+        })
+    })
+    .await
+}
+
+/// Another replica holding the pool Lease: it takes it and renews it at nightshift's own
+/// retry period (2/15 of the Lease), so that nightshift, which judges a Lease by how long it
+/// stays unchanged, stands by.
+struct OtherHolder {
+    stop: Arc<AtomicBool>,
+    /// Taken by [`OtherHolder::release`]; aborted on drop (a failed scenario).
+    renewals: Option<tokio::task::JoinHandle<Result<()>>>,
+}
+
+impl OtherHolder {
+    async fn take(c: &Cluster) -> Result<Self> {
+        write_lease(c, Some(OTHER_HOLDER), None).await?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let renewals = {
+            let (client, stop) = (c.client.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    tokio::time::sleep(LEASE * 2 / 15).await;
+                    renew(&client, OTHER_HOLDER).await?;
+                }
+                Ok(())
+            })
+        };
+        Ok(Self {
+            stop,
+            renewals: Some(renewals),
+        })
+    }
+
+    /// Stops renewing and gives the Lease up (no holder), as a replica shutting down does.
+    async fn release(mut self, c: &Cluster) -> Result<()> {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(renewals) = self.renewals.take() {
+            renewals.await.context("the other replica's renewals")??;
+        }
+        write_lease(c, None, Some(OTHER_HOLDER)).await
+    }
+}
+
+impl Drop for OtherHolder {
+    fn drop(&mut self) {
+        if let Some(renewals) = self.renewals.take() {
+            renewals.abort();
+        }
+    }
+}
+
+/// Writes the pool Lease's holder (`None`: released), renewed now; with `only_if`, only when
+/// that identity holds it.
+async fn write_lease(c: &Cluster, holder: Option<&str>, only_if: Option<&str>) -> Result<()> {
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), NAMESPACE);
+    let Some(mut lease) = leases.get_opt(LEASE_NAME).await? else {
+        return Ok(());
+    };
+    let spec = lease.spec.get_or_insert_with(Default::default);
+    if only_if.is_some() && spec.holder_identity.as_deref() != only_if {
+        return Ok(());
+    }
+    let now = MicroTime(Timestamp::now());
+    if spec.holder_identity.as_deref() != holder {
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        spec.acquire_time = Some(now.clone());
+    }
+    spec.holder_identity = holder.map(str::to_string);
+    spec.renew_time = Some(now);
+    spec.lease_duration_seconds = Some(i32::try_from(LEASE.as_secs())?);
+    leases
+        .replace(LEASE_NAME, &PostParams::default(), &lease)
+        .await
+        .with_context(|| format!("writing Lease {NAMESPACE}/{LEASE_NAME} for {holder:?}"))?;
+    Ok(())
+}
+
+/// One renewal of the Lease by `holder`; fails if someone else took it.
+async fn renew(client: &kube::Client, holder: &str) -> Result<()> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
+    let mut lease = leases.get(LEASE_NAME).await?;
+    let spec = lease.spec.get_or_insert_with(Default::default);
+    ensure!(
+        spec.holder_identity.as_deref() == Some(holder),
+        "the pool Lease was taken from {holder} by {:?}",
+        spec.holder_identity
+    );
+    spec.renew_time = Some(MicroTime(Timestamp::now()));
+    leases
+        .replace(LEASE_NAME, &PostParams::default(), &lease)
+        .await?;
     Ok(())
 }
 
