@@ -12,12 +12,14 @@
 //! Prometheus killed → nightshift answers errors (never zero) → KEDA's fallback → the Deployment
 //! goes to `fallback.replicas` → Prometheus back → normal scaling. KEDA's metrics adapter killed →
 //! the HPA holds its replicas, nightshift keeps answering KEDA's operator → adapter back → the HPA
-//! reads the metric again. nightshift killed → KEDA cannot read the metric spec, no fallback: the
-//! HPA holds its replicas.
+//! reads the metric again. nightshift killed → KEDA cannot read the metric spec, no fallback;
+//! the load rises meanwhile and the HPA holds its replicas all the same → nightshift back → the
+//! HPA scales to the risen demand.
 
+use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Result, anyhow, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -27,7 +29,7 @@ use k8s_openapi::api::core::v1::{Event, Node};
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::harness::binary::{self, SPARE};
+use crate::harness::binary::{self, Nightshift, SPARE};
 use crate::harness::bounds;
 use crate::harness::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE, POOL_LABEL};
 use crate::harness::deploy::{deploy_with, wait_webhook_active};
@@ -114,7 +116,7 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         "--scaler-allow-loopback".to_string(),
         "--pool-notices=false".to_string(),
     ];
-    let (_ws, mut nightshift, _registration) =
+    let (ws, mut nightshift, _registration) =
         deploy_with(c, "nightshift-loop", &source_policy).await?;
     c.create_namespace(RESEARCH_NS, json!({"nightshift.io/research": "true"}))
         .await?;
@@ -374,7 +376,7 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
     // adapter is back.
     let served_before = admin.metric("nightshift_scaler_requests_total").await?;
     c.kill_component(ADAPTER)?;
-    let adapter_down = held_while_metric_fails(c, &hpas, &deployments).await?;
+    let adapter_down = held_while_metric_fails(c, &hpas, &deployments, async { Ok(()) }).await?;
     nightshift.check_running()?;
     admin.get("/readyz").await?;
     let served = admin.metric("nightshift_scaler_requests_total").await? - served_before;
@@ -415,9 +417,18 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
     bounds::METRIC_DOWN_TO_HELD.check(adapter_down.failed_after)?;
 
     // nightshift killed: KEDA cannot even read the metric spec, so it has nothing to fall back
-    // on; the HPA cannot read the metric and holds its replicas.
+    // on; the HPA cannot read the metric. The load then rises to what asks for
+    // HIGH_REPLICAS, and Prometheus scrapes it: the demand is there, only nightshift is missing
+    // to report it. The HPA must hold its replicas all the same.
+    let webhook_port = nightshift.webhook.port();
+    let scaler_addr = nightshift.scaler;
     nightshift.kill();
-    let nightshift_down = held_while_metric_fails(c, &hpas, &deployments).await?;
+    let risen = async {
+        let t_raise = SystemTime::now();
+        emu.set(0, |e| e.waiting = HIGH_LOAD);
+        prom.wait_fresh_scrape(t_raise).await
+    };
+    let nightshift_down = held_while_metric_fails(c, &hpas, &deployments, risen).await?;
     ensure!(
         scaler_failures(&client, "empty metric spec").await? > 0,
         "KEDA should report that it cannot read the metric spec: {:?}",
@@ -434,13 +445,53 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         "the external metrics API should fail while nightshift is down"
     );
     eprintln!(
-        "loop: nightshift killed: HPA ScalingActive=False ({}) after {:.2} s; held \
-         {LOW_REPLICAS} replicas over {} more failed syncs, no fallback",
+        "loop: nightshift killed: HPA ScalingActive=False ({}) after {:.2} s; load \
+         {LOW_LOAD}->{HIGH_LOAD} waiting meanwhile (scraped by Prometheus): held {LOW_REPLICAS} \
+         replicas over {} more failed syncs, no fallback",
         nightshift_down.reason,
         nightshift_down.failed_after.as_secs_f64(),
         nightshift_down.held_syncs
     );
     bounds::METRIC_DOWN_TO_HELD.check(nightshift_down.failed_after)?;
+
+    // nightshift back where KEDA and the API server expect it (the same scaler and webhook
+    // ports): the HPA reads the risen demand and scales up, over research.
+    let t_back = Instant::now();
+    let mut options = source_policy.to_vec();
+    options.push(format!("--scaler-addr={scaler_addr}"));
+    let mut restarted = Nightshift::start_with(
+        c,
+        "nightshift-loop-restarted",
+        &c.kubeconfig,
+        &ws.certs(),
+        webhook_port,
+        &options,
+    )
+    .await?;
+    restarted.wait_ready().await?;
+    wait_scaling_active(c, &hpas).await?;
+    let active_in = t_back.elapsed();
+    wait_hpa_desired(c, &hpas, HIGH_REPLICAS).await?;
+    let desired_in = t_back.elapsed();
+    wait_replicas(c, &deployments, HIGH_REPLICAS).await?;
+    victims::wait_pods(
+        c,
+        INFERENCE_NS,
+        INFERENCE_SELECTOR,
+        HIGH_REPLICAS as usize,
+        is_bound,
+        STEP,
+    )
+    .await?;
+    let bound_in = t_back.elapsed();
+    restarted.check_running()?;
+    eprintln!(
+        "loop: nightshift restarted: HPA ScalingActive=True after {:.2} s, desired \
+         {HIGH_REPLICAS} after {:.2} s, all {HIGH_REPLICAS} inference pods bound after {:.2} s",
+        active_in.as_secs_f64(),
+        desired_in.as_secs_f64(),
+        bound_in.as_secs_f64()
+    );
     Ok(())
 }
 
@@ -596,13 +647,15 @@ struct Held {
 }
 
 /// Right after a part of the metric path was killed: waits until the HPA reports that it cannot
-/// read the metric, then for [`HELD_SYNCS`] more failed syncs (counted by the HPA's own warning
-/// events), during which the Deployment must keep [`LOW_REPLICAS`] and the HPA must not scale.
-/// Does not check the environment's processes: one of them is down on purpose.
+/// read the metric, runs `meanwhile` (a change of the load, say), then waits for [`HELD_SYNCS`]
+/// more failed syncs (counted by the HPA's own warning events), during which the Deployment must
+/// keep [`LOW_REPLICAS`], the HPA must keep desiring them and must not scale. Does not check the
+/// environment's processes: one of them is down on purpose.
 async fn held_while_metric_fails(
     c: &Cluster,
     hpas: &Api<HorizontalPodAutoscaler>,
     deployments: &Api<Deployment>,
+    meanwhile: impl Future<Output = Result<()>>,
 ) -> Result<Held> {
     let client = &c.client;
     let last_scale = hpas.get(HPA).await?.status.and_then(|s| s.last_scale_time);
@@ -619,6 +672,7 @@ async fn held_while_metric_fails(
     )
     .await?;
     let failed_after = t_down.elapsed();
+    meanwhile.await?;
     let first = failed_metric_events(client).await?;
     let held_syncs = wait::until(
         &format!("{HELD_SYNCS} more failed HPA syncs"),
@@ -628,6 +682,11 @@ async fn held_while_metric_fails(
             ensure!(
                 r == LOW_REPLICAS,
                 "the Deployment changed to {r} replicas while the metric could not be read"
+            );
+            let desired = hpas.get(HPA).await?.status.map(|s| s.desired_replicas);
+            ensure!(
+                desired == Some(LOW_REPLICAS),
+                "the HPA desired {desired:?} replicas while the metric could not be read"
             );
             let n = failed_metric_events(client).await?;
             Ok(if n >= first + HELD_SYNCS as i32 {
