@@ -72,6 +72,8 @@ const POLLING_INTERVAL: i64 = 1;
 const HELD_SYNCS: usize = 3;
 /// Deadline of each step; far above the seconds each takes, for a loaded 2-core machine.
 const STEP: Duration = Duration::from_secs(120);
+/// How often the replicas are read while the HPA must hold them.
+const HOLD_POLL: Duration = Duration::from_millis(250);
 
 pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
     let c = &*cluster;
@@ -673,30 +675,30 @@ async fn held_while_metric_fails(
     .await?;
     let failed_after = t_down.elapsed();
     meanwhile.await?;
+    // Watched, not waited on: a scale-up fails the step at once.
     let first = failed_metric_events(client).await?;
-    let held_syncs = wait::until(
-        &format!("{HELD_SYNCS} more failed HPA syncs"),
-        STEP,
-        || async {
-            let r = replicas(deployments).await?;
-            ensure!(
-                r == LOW_REPLICAS,
-                "the Deployment changed to {r} replicas while the metric could not be read"
-            );
-            let desired = hpas.get(HPA).await?.status.map(|s| s.desired_replicas);
-            ensure!(
-                desired == Some(LOW_REPLICAS),
-                "the HPA desired {desired:?} replicas while the metric could not be read"
-            );
-            let n = failed_metric_events(client).await?;
-            Ok(if n >= first + HELD_SYNCS as i32 {
-                Check::Done(n - first)
-            } else {
-                Check::Pending(format!("{} more failed syncs", n - first))
-            })
-        },
-    )
-    .await?;
+    let watched = Instant::now();
+    let held_syncs = loop {
+        let r = replicas(deployments).await?;
+        ensure!(
+            r == LOW_REPLICAS,
+            "the Deployment changed to {r} replicas while the metric could not be read"
+        );
+        let desired = hpas.get(HPA).await?.status.map(|s| s.desired_replicas);
+        ensure!(
+            desired == Some(LOW_REPLICAS),
+            "the HPA desired {desired:?} replicas while the metric could not be read"
+        );
+        let n = failed_metric_events(client).await? - first;
+        if n >= HELD_SYNCS as i32 {
+            break n;
+        }
+        ensure!(
+            watched.elapsed() < STEP,
+            "timed out after {STEP:?} waiting for {HELD_SYNCS} more failed HPA syncs: {n} seen"
+        );
+        tokio::time::sleep(HOLD_POLL).await;
+    };
     let after = hpas.get(HPA).await?.status.and_then(|s| s.last_scale_time);
     ensure!(
         after == last_scale,
