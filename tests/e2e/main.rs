@@ -1,5 +1,11 @@
 //! End-to-end tests on a real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler,
-//! kube-controller-manager, kwok fake nodes), built by `tests/e2e/build-control-plane.sh`.
+//! kube-controller-manager, kwok fake nodes), built by `tests/e2e/scripts/build-control-plane.sh`.
+//!
+//! Layout: this file is the runner (the list of scenarios, their selection, one control plane
+//! for the run); `harness/` is the environment the scenarios drive (the control plane, KEDA,
+//! the nightshift binary, Prometheus and the vLLM emulator, waits, object builders);
+//! `scenarios/` holds one module per scenario; `scripts/` builds and fetches what the harness
+//! runs (the control plane's and KEDA's binaries, the CRDs), outside cargo.
 //!
 //! This is its own test runner (`harness = false`): one control plane is started for the whole
 //! run and the scenarios run one after the other against it (they share the GPU pool), each in
@@ -11,28 +17,8 @@
 //! `NIGHTSHIFT_E2E_SKIP=1` skips the whole suite deliberately; without it, missing binaries are
 //! an error, never a silent pass.
 
-mod admission;
-mod binary;
-mod chaos;
-mod cluster;
-mod endpoints;
-mod failure;
-mod gate;
-mod harvest;
-mod keda_loop;
-mod keda_push;
-mod keda_stack;
-mod notice;
-mod objects;
-mod packing;
-mod process;
-mod proxy;
-mod rbac;
-mod scrape;
-mod source;
-mod takeover;
-mod victims;
-mod wait;
+mod harness;
+mod scenarios;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -40,7 +26,11 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 
-use cluster::Cluster;
+use harness::cluster::{self, Cluster};
+use scenarios::{
+    admission, chaos, failure, gate, harvest, keda_loop, keda_push, notice, packing, rbac, scrape,
+    takeover,
+};
 
 type Scenario = fn(Arc<Cluster>) -> BoxFuture<'static, anyhow::Result<()>>;
 

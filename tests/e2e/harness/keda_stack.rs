@@ -1,5 +1,5 @@
 //! The real KEDA on the test control plane: KEDA's CRDs, the operator and the metrics adapter
-//! (`cmd/operator`, `cmd/adapter` of KEDA v2.20.2, built by `tests/e2e/build-keda.sh`) run as
+//! (`cmd/operator`, `cmd/adapter` of KEDA v2.20.2, built by `tests/e2e/scripts/build-keda.sh`) run as
 //! processes outside the cluster, and the external metrics API (`v1beta1.external.metrics.k8s.io`)
 //! registered with the API server's aggregation layer, so that the HPA controller reads KEDA's
 //! metrics as it does in a cluster.
@@ -23,10 +23,10 @@ use rcgen::{
     SanType,
 };
 
-use crate::cluster::Cluster;
-use crate::endpoints::ServiceEndpoints;
-use crate::process::{free_port, free_port_on, host_ip};
-use crate::wait::{self, Check};
+use crate::harness::cluster::Cluster;
+use crate::harness::endpoints::ServiceEndpoints;
+use crate::harness::process::{free_port, free_port_on, host_ip};
+use crate::harness::wait::{self, Check};
 
 /// Names the directory of `build-keda.sh`'s output (bin/ and crd/).
 pub const KEDA_DIR_ENV: &str = "NIGHTSHIFT_E2E_KEDA_DIR";
@@ -75,7 +75,8 @@ pub fn find_keda_dir() -> Result<PathBuf> {
     let dir = match std::env::var_os(KEDA_DIR_ENV).filter(|d| !d.is_empty()) {
         Some(d) => PathBuf::from(d),
         None => {
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/build-keda.sh");
+            let script =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/scripts/build-keda.sh");
             let out = std::process::Command::new("bash")
                 .arg(&script)
                 .arg("--print-dir")
@@ -97,7 +98,7 @@ pub fn find_keda_dir() -> Result<PathBuf> {
     ] {
         ensure!(
             dir.join(f).is_file(),
-            "KEDA's {f} is missing in {}: build it with `bash tests/e2e/build-keda.sh` (needs Go; \
+            "KEDA's {f} is missing in {}: build it with `bash tests/e2e/scripts/build-keda.sh` (needs Go; \
              `bash .ci/test` does this) or point {KEDA_DIR_ENV} at a directory that has it",
             dir.display()
         );

@@ -19,12 +19,13 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
-use crate::admission::deploy_with;
-use crate::binary::{self, SPARE};
-use crate::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE};
-use crate::objects::{self, is_bound, is_running, node_of};
-use crate::victims::VictimWatch;
-use crate::wait::{self, Check};
+use crate::harness::binary::{self, SPARE};
+use crate::harness::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE};
+use crate::harness::deploy::{deploy_with, wait_webhook_active};
+use crate::harness::objects::{self, is_bound, is_running, node_of};
+use crate::harness::pool::wait_marks;
+use crate::harness::victims::VictimWatch;
+use crate::harness::wait::{self, Check};
 
 const RESEARCH_NS: &str = "e2e-gate-research";
 const INFERENCE_NS: &str = "e2e-gate-inference";
@@ -67,7 +68,7 @@ async fn scenario(c: &Cluster) -> Result<()> {
     c.create_namespace(RESEARCH_NS, json!({"nightshift.io/research": "true"}))
         .await?;
     c.create_namespace(INFERENCE_NS, json!({})).await?;
-    crate::admission::wait_webhook_active(c, RESEARCH_NS).await?;
+    wait_webhook_active(c, RESEARCH_NS).await?;
 
     // Open window, headroom of one node: every node but one is marked spare.
     let marks = wait_marks(c, "3 spare nodes and 1 headroom node", |m| {
@@ -230,33 +231,6 @@ fn windows_around(now: Timestamp, open_for: Duration, closed_for: Duration) -> R
         at(reopen)?,
         at(reopen + 3600)?
     ))
-}
-
-pub async fn wait_marks(
-    c: &Cluster,
-    what: &str,
-    ok: impl Fn(&BTreeMap<String, Option<String>>) -> bool,
-) -> Result<BTreeMap<String, Option<String>>> {
-    wait_marks_within(c, what, STEP, ok).await
-}
-
-async fn wait_marks_within(
-    c: &Cluster,
-    what: &str,
-    timeout: Duration,
-    ok: impl Fn(&BTreeMap<String, Option<String>>) -> bool,
-) -> Result<BTreeMap<String, Option<String>>> {
-    let ok = &ok;
-    wait::until(what, timeout, || async {
-        c.check_processes()?;
-        let m = binary::spare_marks(c).await?;
-        Ok(if ok(&m) {
-            Check::Done(m)
-        } else {
-            Check::Pending(format!("{m:?}"))
-        })
-    })
-    .await
 }
 
 async fn research_pods(c: &Cluster) -> Result<BTreeMap<String, Pod>> {

@@ -8,8 +8,8 @@
 # (builds nothing), so that the tests find the binaries without repeating the versions.
 set -euo pipefail
 
-K8S_VERSION=v1.36.3   # must match tests/e2e/k8s/go.mod
-ETCD_VERSION=v3.6.16  # must match tests/e2e/etcd/go.mod
+K8S_VERSION=v1.36.3   # must match tests/e2e/scripts/k8s/go.mod
+ETCD_VERSION=v3.6.16  # must match tests/e2e/scripts/etcd/go.mod
 KWOK_VERSION=v0.8.0
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

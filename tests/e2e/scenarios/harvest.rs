@@ -12,10 +12,10 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-use crate::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE};
-use crate::objects::{self, is_bound, is_running};
-use crate::victims::{self, VictimWatch};
-use crate::wait::{self, Check};
+use crate::harness::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE};
+use crate::harness::objects::{self, is_bound, is_running};
+use crate::harness::victims::{self, VictimWatch};
+use crate::harness::wait::{self, Check};
 
 const NS: &str = "e2e-harvest";
 /// GPUs per inference replica: half a node, so that two replicas share a node.

@@ -12,42 +12,43 @@
 //! Prometheus killed → nightshift answers errors (never zero) → KEDA's fallback → the Deployment
 //! goes to `fallback.replicas` → Prometheus back → normal scaling. KEDA's metrics adapter killed →
 //! the HPA holds its replicas, nightshift keeps answering KEDA's operator → adapter back → the HPA
-//! reads the metric again. nightshift killed → KEDA cannot read the metric spec, no fallback: the
-//! HPA holds its replicas.
+//! reads the metric again. nightshift killed → KEDA cannot read the metric spec, no fallback;
+//! the load rises meanwhile and the HPA holds its replicas all the same → nightshift back → the
+//! HPA scales to the risen demand.
 
+use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context, Result, anyhow, ensure};
+use anyhow::{Result, anyhow, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Node};
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::admission::{self, deploy_with};
-use crate::binary::{self, SPARE};
-use crate::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE, POOL, POOL_LABEL};
-use crate::keda_stack::ADAPTER;
-use crate::objects::{self, is_bound, is_running};
-use crate::source::emulator::Emulator;
-use crate::source::{Prometheus, find_prometheus};
-use crate::victims::{self, VictimWatch};
-use crate::wait::{self, Check};
+use crate::harness::binary::{self, Nightshift, SPARE};
+use crate::harness::bounds;
+use crate::harness::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE, POOL_LABEL};
+use crate::harness::deploy::{deploy_with, wait_webhook_active};
+use crate::harness::example::{
+    HPA, SCALED_OBJECT, adapt_deployment, adapt_scaled_object, condition, create_model_token,
+    read_example, replicas, scaled_object_resource, start_source, wait_condition, wait_hpa_desired,
+    wait_replicas,
+};
+use crate::harness::keda_stack::ADAPTER;
+use crate::harness::objects::{self, is_bound, is_running};
+use crate::harness::research::assert_marked;
+use crate::harness::victims::{self, VictimWatch};
+use crate::harness::wait::{self, Check};
 
 const INFERENCE_NS: &str = "e2e-loop";
 const RESEARCH_NS: &str = "e2e-loop-research";
-/// The example's names.
-const DEPLOYMENT: &str = "vllm-llama";
-const SCALED_OBJECT: &str = "vllm-llama";
-pub const MODEL: &str = "llama-3.1-70b";
 const INFERENCE_SELECTOR: &str = "app.kubernetes.io/name=vllm-llama";
 const RESEARCH_SELECTOR: &str = "role=research";
-/// The HPA KEDA creates for the ScaledObject, and the metric name it gives nightshift's metric
-/// (`s<trigger index>-<metric name>`).
-const HPA: &str = "keda-hpa-vllm-llama";
+/// The metric name KEDA gives nightshift's metric (`s<trigger index>-<metric name>`).
 const METRIC: &str = "s0-vllm-demand";
 /// The example's per-replica target of waiting requests (`waitingTarget: "5"`).
 const WAITING_TARGET: f64 = 5.0;
@@ -64,13 +65,15 @@ const INFERENCE_GPUS: u32 = 4;
 /// More research pods than spare GPUs, so that some always wait and take freed GPUs at once.
 const RESEARCH_PODS: i32 = 40;
 /// KEDA's polling interval, compressed from the example's 10 s so that the scenario takes
-/// seconds (the HPA syncs every [`crate::cluster::HPA_SYNC`]).
+/// seconds (the HPA syncs every [`crate::harness::cluster::HPA_SYNC`]).
 const POLLING_INTERVAL: i64 = 1;
 /// Failed HPA syncs observed while nightshift is down: the HPA must have tried (and failed)
 /// several times without changing anything.
 const HELD_SYNCS: usize = 3;
 /// Deadline of each step; far above the seconds each takes, for a loaded 2-core machine.
 const STEP: Duration = Duration::from_secs(120);
+/// How often the replicas are read while the HPA must hold them.
+const HOLD_POLL: Duration = Duration::from_millis(250);
 
 pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
     let c = &*cluster;
@@ -87,7 +90,7 @@ pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
             Err(anyhow!(
                 "{e:#}\nPrometheus log kept in {}\n----- prometheus -----\n{}",
                 kept.display(),
-                crate::process::tail(&kept.join("prometheus.log"), 20)
+                crate::harness::process::tail(&kept.join("prometheus.log"), 20)
             ))
         }
     }
@@ -115,12 +118,12 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         "--scaler-allow-loopback".to_string(),
         "--pool-notices=false".to_string(),
     ];
-    let (_ws, mut nightshift, _registration) =
+    let (ws, mut nightshift, _registration) =
         deploy_with(c, "nightshift-loop", &source_policy).await?;
     c.create_namespace(RESEARCH_NS, json!({"nightshift.io/research": "true"}))
         .await?;
     c.create_namespace(INFERENCE_NS, json!({})).await?;
-    admission::wait_webhook_active(c, RESEARCH_NS).await?;
+    wait_webhook_active(c, RESEARCH_NS).await?;
 
     // The example, applied as a user would, with the model-hub token Secret it reads.
     create_model_token(c, INFERENCE_NS)?;
@@ -195,7 +198,7 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         .values()
         .find(|p| is_running(p))
         .ok_or_else(|| anyhow!("no running research pod"))?;
-    admission::assert_marked(sample, true)?;
+    assert_marked(sample, true)?;
     ensure!(
         requires_spare(sample),
         "research pods should require the spare mark (the webhook's required spare gate): {:?}",
@@ -279,6 +282,8 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         counted.0,
         counted.1
     );
+    bounds::RISE_TO_DESIRED.check(to_desired)?;
+    bounds::RISE_TO_BOUND.check(to_bound)?;
 
     // Load falls: the HPA scales down, spare marks return, the waiting research binds again.
     let t_drop = Instant::now();
@@ -306,6 +311,8 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         to_down.as_secs_f64(),
         to_research.as_secs_f64()
     );
+    bounds::FALL_TO_REPLICAS.check(to_down)?;
+    bounds::FALL_TO_RESEARCH.check(to_research)?;
 
     // The vLLM source fails: nightshift answers errors, never zero; KEDA falls back.
     let t_kill = Instant::now();
@@ -352,6 +359,8 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         to_fallback.as_secs_f64(),
         to_fallback_replicas.as_secs_f64()
     );
+    bounds::SOURCE_DOWN_TO_FALLBACK.check(to_fallback)?;
+    bounds::SOURCE_DOWN_TO_FALLBACK_REPLICAS.check(to_fallback_replicas)?;
 
     // The source returns: fallback ends, normal scaling resumes at the low load.
     let t_back = Instant::now();
@@ -369,7 +378,7 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
     // adapter is back.
     let served_before = admin.metric("nightshift_scaler_requests_total").await?;
     c.kill_component(ADAPTER)?;
-    let adapter_down = held_while_metric_fails(c, &hpas, &deployments).await?;
+    let adapter_down = held_while_metric_fails(c, &hpas, &deployments, async { Ok(()) }).await?;
     nightshift.check_running()?;
     admin.get("/readyz").await?;
     let served = admin.metric("nightshift_scaler_requests_total").await? - served_before;
@@ -407,11 +416,21 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         metric_back.as_secs_f64(),
         t_adapter.elapsed().as_secs_f64()
     );
+    bounds::METRIC_DOWN_TO_HELD.check(adapter_down.failed_after)?;
 
     // nightshift killed: KEDA cannot even read the metric spec, so it has nothing to fall back
-    // on; the HPA cannot read the metric and holds its replicas.
+    // on; the HPA cannot read the metric. The load then rises to what asks for
+    // HIGH_REPLICAS, and Prometheus scrapes it: the demand is there, only nightshift is missing
+    // to report it. The HPA must hold its replicas all the same.
+    let webhook_port = nightshift.webhook.port();
+    let scaler_addr = nightshift.scaler;
     nightshift.kill();
-    let nightshift_down = held_while_metric_fails(c, &hpas, &deployments).await?;
+    let risen = async {
+        let t_raise = SystemTime::now();
+        emu.set(0, |e| e.waiting = HIGH_LOAD);
+        prom.wait_fresh_scrape(t_raise).await
+    };
+    let nightshift_down = held_while_metric_fails(c, &hpas, &deployments, risen).await?;
     ensure!(
         scaler_failures(&client, "empty metric spec").await? > 0,
         "KEDA should report that it cannot read the metric spec: {:?}",
@@ -428,93 +447,59 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         "the external metrics API should fail while nightshift is down"
     );
     eprintln!(
-        "loop: nightshift killed: HPA ScalingActive=False ({}) after {:.2} s; held \
-         {LOW_REPLICAS} replicas over {} more failed syncs, no fallback",
+        "loop: nightshift killed: HPA ScalingActive=False ({}) after {:.2} s; load \
+         {LOW_LOAD}->{HIGH_LOAD} waiting meanwhile (scraped by Prometheus): held {LOW_REPLICAS} \
+         replicas over {} more failed syncs, no fallback",
         nightshift_down.reason,
         nightshift_down.failed_after.as_secs_f64(),
         nightshift_down.held_syncs
     );
-    Ok(())
-}
+    bounds::METRIC_DOWN_TO_HELD.check(nightshift_down.failed_after)?;
 
-/// The vLLM source of the KEDA scenarios: an emulator (one engine, `waiting` requests queued)
-/// scraped by a real Prometheus that labels it as pod `vllm-llama-0` of `namespace`; returned
-/// once Prometheus holds a sample scraped after the start.
-pub async fn start_source(
-    dir: &Path,
-    namespace: &str,
-    waiting: f64,
-) -> Result<(Emulator, Prometheus)> {
-    let emu = Emulator::start(MODEL, 1, false).await;
-    emu.set(0, |e| e.waiting = waiting);
-    let t_prom = SystemTime::now();
-    let prom = Prometheus::start(
-        &find_prometheus()?,
-        dir,
-        &emu.endpoint(),
-        namespace,
-        &format!("{DEPLOYMENT}-0"),
-    )?;
-    prom.wait_ready().await?;
-    prom.wait_fresh_scrape(t_prom).await?;
-    Ok((emu, prom))
-}
-
-/// The model-hub token Secret the example Deployment reads: KEDA resolves the scale target's
-/// environment, Secrets included, before it creates the HPA.
-pub fn create_model_token(c: &Cluster, namespace: &str) -> Result<()> {
-    binary::kubectl_ok(
+    // nightshift back where KEDA and the API server expect it (the same scaler and webhook
+    // ports): the HPA reads the risen demand and scales up, over research.
+    let t_back = Instant::now();
+    let mut options = source_policy.to_vec();
+    options.push(format!("--scaler-addr={scaler_addr}"));
+    let mut restarted = Nightshift::start_with(
         c,
-        &[
-            "create",
-            "secret",
-            "generic",
-            "hf-token",
-            "--namespace",
-            namespace,
-            "--from-literal=token=unused-by-kwok",
-        ],
-        None,
+        "nightshift-loop-restarted",
+        &c.kubeconfig,
+        &ws.certs(),
+        webhook_port,
+        &options,
     )
-    .map(drop)
-}
-
-/// Waits until the ScaledObject's condition `kind` has status `want`.
-pub async fn wait_condition(
-    c: &Cluster,
-    scaled_objects: &Api<DynamicObject>,
-    kind: &str,
-    want: &str,
-) -> Result<()> {
-    wait::until(&format!("ScaledObject {kind}={want}"), STEP, || async {
-        c.check_processes()?;
-        let so = scaled_objects.get(SCALED_OBJECT).await?;
-        Ok(match condition(&so, kind) {
-            Some((status, _)) if status == want => Check::Done(()),
-            other => Check::Pending(format!("{kind} {other:?}")),
-        })
-    })
-    .await
+    .await?;
+    restarted.wait_ready().await?;
+    wait_scaling_active(c, &hpas).await?;
+    let active_in = t_back.elapsed();
+    wait_hpa_desired(c, &hpas, HIGH_REPLICAS).await?;
+    let desired_in = t_back.elapsed();
+    wait_replicas(c, &deployments, HIGH_REPLICAS).await?;
+    victims::wait_pods(
+        c,
+        INFERENCE_NS,
+        INFERENCE_SELECTOR,
+        HIGH_REPLICAS as usize,
+        is_bound,
+        STEP,
+    )
+    .await?;
+    let bound_in = t_back.elapsed();
+    restarted.check_running()?;
+    eprintln!(
+        "loop: nightshift restarted: HPA ScalingActive=True after {:.2} s, desired \
+         {HIGH_REPLICAS} after {:.2} s, all {HIGH_REPLICAS} inference pods bound after {:.2} s",
+        active_in.as_secs_f64(),
+        desired_in.as_secs_f64(),
+        bound_in.as_secs_f64()
+    );
+    Ok(())
 }
 
 /// `manifests/examples/vllm/deployment.yaml` for this cluster.
 fn example_deployment() -> Result<Value> {
     adapt_deployment(read_example("deployment.yaml")?, INFERENCE_NS)
-}
-
-/// The example's Deployment for this cluster: namespace `namespace`, and the kwok pool's name
-/// and taint instead of the example's `h100` pool and `nvidia.com/gpu` taint.
-pub fn adapt_deployment(mut d: Value, namespace: &str) -> Result<Value> {
-    d["metadata"]["namespace"] = json!(namespace);
-    let spec = &mut d["spec"]["template"]["spec"];
-    ensure!(
-        spec.is_object(),
-        "the example's Deployment has no pod template: {d}"
-    );
-    spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] =
-        json!([{"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": [POOL]}]}]);
-    spec["tolerations"] = json!([objects::pool_toleration()]);
-    Ok(d)
 }
 
 /// `manifests/examples/vllm/scaledobject.yaml` for this cluster, polled every
@@ -534,72 +519,6 @@ fn example_scaled_object(scaler: &str, prometheus: &str) -> Result<Value> {
         so["spec"]["fallback"]
     );
     Ok(so)
-}
-
-/// The example's ScaledObject for this cluster: namespace `namespace`, nightshift's and
-/// Prometheus's addresses (the Prometheus source instead of scraping the Service's pods, which
-/// kwok does not run), and the HPA's scale-down and policy periods compressed from minutes to
-/// seconds.
-pub fn adapt_scaled_object(
-    mut so: Value,
-    namespace: &str,
-    scaler: &str,
-    prometheus: &str,
-) -> Result<Value> {
-    so["metadata"]["namespace"] = json!(namespace);
-    let meta = &mut so["spec"]["triggers"][0]["metadata"];
-    meta["scalerAddress"] = json!(scaler);
-    let m = meta
-        .as_object_mut()
-        .ok_or_else(|| anyhow!("the example's trigger has no metadata"))?;
-    m.remove("service");
-    m.remove("port");
-    m.insert("serverAddress".into(), json!(prometheus));
-    ensure!(
-        m.get("waitingTarget") == Some(&json!("5")) && m.get("model") == Some(&json!(MODEL)),
-        "the example's trigger changed: {m:?}"
-    );
-    let behavior = &mut so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"];
-    behavior["scaleDown"]["stabilizationWindowSeconds"] = json!(1);
-    for direction in ["scaleUp", "scaleDown"] {
-        if let Some(policies) = behavior[direction]["policies"].as_array_mut() {
-            for p in policies {
-                p["periodSeconds"] = json!(1);
-            }
-        }
-    }
-    Ok(so)
-}
-
-pub fn read_example(file: &str) -> Result<Value> {
-    let path = binary::manifests_dir().join("examples/vllm").join(file);
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", path.display()))
-}
-
-pub fn scaled_object_resource() -> ApiResource {
-    ApiResource {
-        group: "keda.sh".into(),
-        version: "v1alpha1".into(),
-        api_version: "keda.sh/v1alpha1".into(),
-        kind: "ScaledObject".into(),
-        plural: "scaledobjects".into(),
-    }
-}
-
-/// Status and reason of a ScaledObject condition.
-pub fn condition(so: &DynamicObject, kind: &str) -> Option<(String, String)> {
-    so.data["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == kind)
-        .map(|c| {
-            (
-                c["status"].as_str().unwrap_or_default().to_string(),
-                c["reason"].as_str().unwrap_or_default().to_string(),
-            )
-        })
 }
 
 /// Whether a pod's required node affinity asks for the spare mark in every term.
@@ -721,55 +640,6 @@ async fn wait_spare_nodes(c: &Cluster, what: &str, f: impl Fn(usize) -> bool) ->
     .await
 }
 
-pub async fn replicas(deployments: &Api<Deployment>) -> Result<i32> {
-    deployments
-        .get(DEPLOYMENT)
-        .await?
-        .spec
-        .and_then(|s| s.replicas)
-        .ok_or_else(|| anyhow!("deployment {DEPLOYMENT} has no spec.replicas"))
-}
-
-/// Waits until the stored Deployment asks for `want` replicas.
-pub async fn wait_replicas(c: &Cluster, deployments: &Api<Deployment>, want: i32) -> Result<()> {
-    wait::until(
-        &format!("{DEPLOYMENT} spec.replicas = {want}"),
-        STEP,
-        || async {
-            c.check_processes()?;
-            let r = replicas(deployments).await?;
-            Ok(if r == want {
-                Check::Done(())
-            } else {
-                Check::Pending(format!("spec.replicas = {r}"))
-            })
-        },
-    )
-    .await
-}
-
-/// Waits until the HPA's last computed desired replicas is `want`.
-pub async fn wait_hpa_desired(
-    c: &Cluster,
-    hpas: &Api<HorizontalPodAutoscaler>,
-    want: i32,
-) -> Result<()> {
-    wait::until(&format!("HPA desiredReplicas = {want}"), STEP, || async {
-        c.check_processes()?;
-        let h = hpas.get(HPA).await?;
-        let desired = h.status.as_ref().map(|s| s.desired_replicas);
-        Ok(if desired == Some(want) {
-            Check::Done(())
-        } else {
-            Check::Pending(format!(
-                "desiredReplicas {desired:?}, conditions {:?}",
-                h.status.and_then(|s| s.conditions)
-            ))
-        })
-    })
-    .await
-}
-
 /// How the HPA behaved while its metric could not be read.
 struct Held {
     /// The reason of its `ScalingActive=False` condition.
@@ -779,13 +649,15 @@ struct Held {
 }
 
 /// Right after a part of the metric path was killed: waits until the HPA reports that it cannot
-/// read the metric, then for [`HELD_SYNCS`] more failed syncs (counted by the HPA's own warning
-/// events), during which the Deployment must keep [`LOW_REPLICAS`] and the HPA must not scale.
-/// Does not check the environment's processes: one of them is down on purpose.
+/// read the metric, runs `meanwhile` (a change of the load, say), then waits for [`HELD_SYNCS`]
+/// more failed syncs (counted by the HPA's own warning events), during which the Deployment must
+/// keep [`LOW_REPLICAS`], the HPA must keep desiring them and must not scale. Does not check the
+/// environment's processes: one of them is down on purpose.
 async fn held_while_metric_fails(
     c: &Cluster,
     hpas: &Api<HorizontalPodAutoscaler>,
     deployments: &Api<Deployment>,
+    meanwhile: impl Future<Output = Result<()>>,
 ) -> Result<Held> {
     let client = &c.client;
     let last_scale = hpas.get(HPA).await?.status.and_then(|s| s.last_scale_time);
@@ -802,25 +674,31 @@ async fn held_while_metric_fails(
     )
     .await?;
     let failed_after = t_down.elapsed();
+    meanwhile.await?;
+    // Watched, not waited on: a scale-up fails the step at once.
     let first = failed_metric_events(client).await?;
-    let held_syncs = wait::until(
-        &format!("{HELD_SYNCS} more failed HPA syncs"),
-        STEP,
-        || async {
-            let r = replicas(deployments).await?;
-            ensure!(
-                r == LOW_REPLICAS,
-                "the Deployment changed to {r} replicas while the metric could not be read"
-            );
-            let n = failed_metric_events(client).await?;
-            Ok(if n >= first + HELD_SYNCS as i32 {
-                Check::Done(n - first)
-            } else {
-                Check::Pending(format!("{} more failed syncs", n - first))
-            })
-        },
-    )
-    .await?;
+    let watched = Instant::now();
+    let held_syncs = loop {
+        let r = replicas(deployments).await?;
+        ensure!(
+            r == LOW_REPLICAS,
+            "the Deployment changed to {r} replicas while the metric could not be read"
+        );
+        let desired = hpas.get(HPA).await?.status.map(|s| s.desired_replicas);
+        ensure!(
+            desired == Some(LOW_REPLICAS),
+            "the HPA desired {desired:?} replicas while the metric could not be read"
+        );
+        let n = failed_metric_events(client).await? - first;
+        if n >= HELD_SYNCS as i32 {
+            break n;
+        }
+        ensure!(
+            watched.elapsed() < STEP,
+            "timed out after {STEP:?} waiting for {HELD_SYNCS} more failed HPA syncs: {n} seen"
+        );
+        tokio::time::sleep(HOLD_POLL).await;
+    };
     let after = hpas.get(HPA).await?.status.and_then(|s| s.last_scale_time);
     ensure!(
         after == last_scale,

@@ -18,9 +18,9 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use kube::config::Kubeconfig;
 
-use crate::cluster::{Cluster, POOL, POOL_LABEL};
-use crate::process::{Process, tail};
-use crate::wait;
+use crate::harness::cluster::{Cluster, POOL, POOL_LABEL};
+use crate::harness::process::{Process, tail};
+use crate::harness::wait;
 
 /// The binary under test, built by cargo for this test target.
 pub const BIN: &str = env!("CARGO_BIN_EXE_nightshift");

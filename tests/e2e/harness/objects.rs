@@ -10,7 +10,7 @@ use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::cluster::{GPU_RESOURCE, POOL, POOL_LABEL};
+use crate::harness::cluster::{GPU_RESOURCE, POOL, POOL_LABEL};
 
 /// PriorityClass of research pods: below every default workload (0), never preempts.
 pub const RESEARCH_CLASS: &str = "nightshift-research";

@@ -1,6 +1,6 @@
 //! The control plane under test: etcd, kube-apiserver, kube-scheduler, kube-controller-manager
 //! and kwok (fake GPU and CPU nodes), started from binaries built by
-//! `tests/e2e/build-control-plane.sh`, on free loopback ports, in a temporary directory.
+//! `tests/e2e/scripts/build-control-plane.sh`, on free loopback ports, in a temporary directory.
 //!
 //! Dropping the [`Cluster`] kills every process and removes the data directory; component logs
 //! are kept (and their paths printed) when a scenario failed.
@@ -21,9 +21,9 @@ use rcgen::{
 use serde_json::json;
 use tempfile::TempDir;
 
-use crate::keda_stack::Keda;
-use crate::process::{Process, free_port, tail};
-use crate::wait::{self, Check};
+use crate::harness::keda_stack::Keda;
+use crate::harness::process::{Process, free_port, tail};
+use crate::harness::wait::{self, Check};
 
 /// Environment variable naming the directory with the control-plane binaries.
 pub const BIN_DIR_ENV: &str = "NIGHTSHIFT_E2E_BIN_DIR";
@@ -90,8 +90,8 @@ pub fn find_bin_dir() -> Result<PathBuf> {
     let dir = match std::env::var_os(BIN_DIR_ENV) {
         Some(d) => PathBuf::from(d),
         None => {
-            let script =
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/build-control-plane.sh");
+            let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/e2e/scripts/build-control-plane.sh");
             let out = std::process::Command::new("bash")
                 .arg(&script)
                 .arg("--print-bin-dir")
@@ -115,7 +115,7 @@ pub fn find_bin_dir() -> Result<PathBuf> {
     if !missing.is_empty() {
         bail!(
             "control-plane binaries missing in {}: {}.\n\
-             Build them with `bash tests/e2e/build-control-plane.sh` (needs Go; `bash .ci/test` does \
+             Build them with `bash tests/e2e/scripts/build-control-plane.sh` (needs Go; `bash .ci/test` does \
              this), or point {BIN_DIR_ENV} at a directory that has them, or set \
              NIGHTSHIFT_E2E_SKIP=1 to skip the end-to-end tests deliberately.",
             dir.display(),
@@ -621,7 +621,7 @@ async fn boot(env: &Env, bin: &Path, dir: &Path) -> Result<(kube::Client, String
             // pods) get this machine's address, where a scenario's test server can answer
             // them (the reclaim notice's checkpoint call).
             s("--cidr=10.244.0.0/16"),
-            format!("--node-ip={}", crate::process::host_ip()?),
+            format!("--node-ip={}", crate::harness::process::host_ip()?),
         ],
     )?;
 

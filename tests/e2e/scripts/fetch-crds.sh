@@ -8,8 +8,8 @@
 # CRD files are copied into $NIGHTSHIFT_CACHE/crds/<versions>/. Idempotent: a warm run does
 # nothing. Takes a few seconds cold (a few MB of zips).
 #
-#   tests/e2e/fetch-crds.sh               fetch if missing; prints the directory last
-#   tests/e2e/fetch-crds.sh --print-dir   only print the directory
+#   tests/e2e/scripts/fetch-crds.sh               fetch if missing; prints the directory last
+#   tests/e2e/scripts/fetch-crds.sh --print-dir   only print the directory
 set -euo pipefail
 
 # Pinned versions. Argo Workflows v3 is refused by the Go module proxy (403), v4 is served and

@@ -24,17 +24,18 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 
-use crate::admission::{self, create_pod};
-use crate::binary::{self, Nightshift, Registration, Workspace};
-use crate::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE};
-use crate::keda_loop::{
+use crate::harness::binary::{self, Nightshift, Registration, Workspace};
+use crate::harness::bounds;
+use crate::harness::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE};
+use crate::harness::deploy::{forbidden_lines, service_account_kubeconfig, wait_webhook_active};
+use crate::harness::example::{
     adapt_deployment, adapt_scaled_object, create_model_token, read_example, start_source,
     wait_hpa_desired, wait_replicas,
 };
-use crate::objects::{self, is_running};
-use crate::rbac;
-use crate::victims::{self, VictimWatch};
-use crate::wait::{self, Check};
+use crate::harness::objects::{self, is_running};
+use crate::harness::research::{self, create_pod};
+use crate::harness::victims::{self, VictimWatch};
+use crate::harness::wait::{self, Check};
 
 const INFERENCE_NS: &str = "e2e-notice";
 const RESEARCH_NS: &str = "e2e-notice-research";
@@ -72,7 +73,7 @@ type Calls = Arc<Mutex<BTreeMap<String, usize>>>;
 
 /// A checkpoint endpoint on this machine's address (where kwok puts host-network pods).
 async fn hook_server() -> Result<(u16, Calls, tokio::task::JoinHandle<()>)> {
-    let ip = crate::process::host_ip()?;
+    let ip = crate::harness::process::host_ip()?;
     let listener = tokio::net::TcpListener::bind((ip, 0)).await?;
     let port = listener.local_addr()?.port();
     let calls: Calls = Arc::default();
@@ -98,7 +99,7 @@ async fn hook_server() -> Result<(u16, Calls, tokio::task::JoinHandle<()>)> {
 
 /// A research pod of [`GPUS`] GPUs on the host network, declaring the checkpoint port.
 fn research_pod(name: &str, port: u16) -> Value {
-    let mut pod = admission::research_pod(name, &[("role", "research")]);
+    let mut pod = research::research_pod(name, &[("role", "research")]);
     pod["metadata"]["annotations"] = json!({"nightshift.io/checkpoint-port": port.to_string()});
     pod["spec"]["hostNetwork"] = json!(true);
     pod["spec"]["terminationGracePeriodSeconds"] = json!(5);
@@ -170,7 +171,7 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
     let ws = Workspace::new()?;
     let _registration = Registration::new(c);
     ws.apply_local_overlay(c, PLACEHOLDER_PORT)?;
-    let kubeconfig = rbac::service_account_kubeconfig(c, &ws)?;
+    let kubeconfig = service_account_kubeconfig(c, &ws)?;
     let mut nightshift =
         Nightshift::start_with(c, "nightshift-notice", &kubeconfig, &ws.certs(), 0, &extra).await?;
     ws.apply_local_overlay(c, nightshift.webhook.port())?;
@@ -178,7 +179,7 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
     c.create_namespace(RESEARCH_NS, json!({"nightshift.io/research": "true"}))
         .await?;
     c.create_namespace(INFERENCE_NS, json!({})).await?;
-    admission::wait_webhook_active(c, RESEARCH_NS).await?;
+    wait_webhook_active(c, RESEARCH_NS).await?;
     let (port, calls, _server) = hook_server().await?;
 
     // The example, one replica.
@@ -274,6 +275,7 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         100.0 * with_notice as f64 / preempted.len().max(1) as f64,
         lead.as_secs_f64()
     );
+    bounds::NEAR_REPLICA_TO_NOTICE.check(notice_after)?;
     ensure!(
         with_notice == preempted.len(),
         "every preempted research pod should have had its notice first: preempted {preempted:?}, \
@@ -356,7 +358,7 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
     nightshift
         .check_running()
         .context("nightshift after the notice scenario")?;
-    let refused = rbac::forbidden_lines(&nightshift);
+    let refused = forbidden_lines(&nightshift);
     ensure!(
         refused.is_empty(),
         "nightshift under the ServiceAccount was refused API calls:\n{}",

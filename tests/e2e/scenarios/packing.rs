@@ -15,11 +15,12 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-use crate::admission::{deploy_with, wait_webhook_active};
-use crate::binary;
-use crate::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE};
-use crate::objects::{self, is_bound, node_of};
-use crate::victims::{VictimWatch, wait_pods};
+use crate::harness::binary;
+use crate::harness::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE};
+use crate::harness::deploy::{deploy_with, wait_webhook_active};
+use crate::harness::objects::{self, is_bound, node_of};
+use crate::harness::pool::wait_marks;
+use crate::harness::victims::{VictimWatch, wait_pods};
 
 const RESEARCH_NS: &str = "e2e-packing-research";
 const INFERENCE_NS: &str = "e2e-packing-inference";
@@ -100,7 +101,7 @@ async fn one_run(c: &Cluster, label: &str, extra: &[String]) -> Result<Layout> {
     wait_webhook_active(c, RESEARCH_NS).await?;
     // Every node lent before research arrives: otherwise the first pods go where the first
     // marks happen to be, and the layout says nothing about scoring.
-    crate::gate::wait_marks(c, "every pool node marked spare", |m| {
+    wait_marks(c, "every pool node marked spare", |m| {
         m.values().all(Option::is_some)
     })
     .await?;

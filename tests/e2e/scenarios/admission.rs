@@ -5,7 +5,7 @@
 //!
 //! Also: every rendered kustomization (base, overlays) and example is validated by the API
 //! server's schemas with `kubectl apply --dry-run=server`, custom kinds against the projects'
-//! real CRDs (fetched by `tests/e2e/fetch-crds.sh`).
+//! real CRDs (fetched by `tests/e2e/scripts/fetch-crds.sh`, installed by `harness::crds`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,16 +18,19 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
-use crate::binary::{self, NAMESPACE, Nightshift, Registration, Workspace, kubectl_ok};
-use crate::cluster::{Cluster, GPU_RESOURCE, POOL, POOL_LABEL};
-use crate::objects::{self, RESEARCH_CLASS, RESEARCH_VALUE, is_running};
-use crate::wait::{self, Check};
+use crate::harness::binary::{self, NAMESPACE, Workspace, kubectl_ok};
+use crate::harness::cluster::Cluster;
+use crate::harness::crds::{apply_crds, crd_dir};
+use crate::harness::deploy::{deploy, wait_webhook_active};
+use crate::harness::objects::{self, RESEARCH_VALUE, is_running};
+use crate::harness::research::{
+    assert_marked, assert_untouched, create_pod, get_pod, gpu_container, research_pod,
+};
+use crate::harness::wait::{self, Check};
 
 const RESEARCH_NS: &str = "e2e-admission-research";
 const PLAIN_NS: &str = "e2e-admission-plain";
 const RESEARCH_LABEL: &str = "nightshift.io/research";
-const LENT_LABEL: &str = "nightshift.io/lent";
-const SPARE_LABEL: &str = "nightshift.io/spare";
 /// A class of a research pod's own, below the research class and never preempting: kept.
 const SCAVENGER_CLASS: &str = "e2e-scavenger";
 /// Below the research class but preempting: replaced by the research class.
@@ -36,9 +39,6 @@ const LOW_PREEMPTING_CLASS: &str = "e2e-low-preempting";
 const STEP: Duration = Duration::from_secs(120);
 /// Pods created one after another to measure admission latency through the webhook.
 const LATENCY_SAMPLES: usize = 20;
-
-/// Environment variable naming a directory of CRD files (else `fetch-crds.sh` provides them).
-const CRD_DIR_ENV: &str = "NIGHTSHIFT_E2E_CRD_DIR";
 
 pub async fn run(cluster: Arc<Cluster>) -> Result<()> {
     let c = &*cluster;
@@ -280,105 +280,6 @@ async fn scenario(c: &Cluster) -> Result<()> {
     Ok(())
 }
 
-/// Starts nightshift as the administrator and registers its webhook: a workspace with fresh
-/// certificates, the process on free ports, the local overlay applied for the port it reported,
-/// `/readyz` green. Dropping the registration removes the webhook configuration again.
-pub async fn deploy<'a>(
-    c: &'a Cluster,
-    name: &str,
-) -> Result<(Workspace, Nightshift, Registration<'a>)> {
-    deploy_with(c, name, &[]).await
-}
-
-/// [`deploy`] with extra options for `nightshift run`.
-pub async fn deploy_with<'a>(
-    c: &'a Cluster,
-    name: &str,
-    extra: &[String],
-) -> Result<(Workspace, Nightshift, Registration<'a>)> {
-    let ws = Workspace::new()?;
-    let registration = Registration::new(c);
-    let t = Instant::now();
-    let mut ns = Nightshift::start_with(c, name, &c.kubeconfig, &ws.certs(), 0, extra).await?;
-    ws.apply_local_overlay(c, ns.webhook.port())?;
-    ns.wait_ready().await?;
-    eprintln!(
-        "{name}: started and ready in {:.2} s (webhook https://{}, admin http://{})",
-        t.elapsed().as_secs_f64(),
-        ns.webhook,
-        ns.admin
-    );
-    Ok((ws, ns, registration))
-}
-
-/// Waits until the API server sends research pods to the webhook: the webhook configuration is
-/// read by the API server through a watch, so it takes effect a moment after it is applied. A
-/// server-side dry-run of a research pod shows when the mutation happens.
-pub async fn wait_webhook_active(c: &Cluster, research_ns: &str) -> Result<Duration> {
-    let t = Instant::now();
-    let pods: Api<Pod> = Api::namespaced(c.client.clone(), research_ns);
-    let probe: Pod = serde_json::from_value(research_pod("webhook-probe", &[]))?;
-    let dry = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    wait::until("the webhook to mutate research pods", STEP, || async {
-        c.check_processes()?;
-        Ok(match pods.create(&dry, &probe).await {
-            Ok(p) if priority_class(&p) == Some(RESEARCH_CLASS) => Check::Done(()),
-            Ok(p) => Check::Pending(format!("class {:?}", priority_class(&p))),
-            Err(e) => Check::Pending(e.to_string()),
-        })
-    })
-    .await?;
-    Ok(t.elapsed())
-}
-
-/// A pod asking for one GPU, without any mark of its own.
-pub fn research_pod(name: &str, labels: &[(&str, &str)]) -> Value {
-    let labels: serde_json::Map<String, Value> = labels
-        .iter()
-        .map(|(k, v)| (k.to_string(), json!(v)))
-        .collect();
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "terminationGracePeriodSeconds": 600,
-            "containers": [gpu_container()],
-        },
-    })
-}
-
-fn gpu_container() -> Value {
-    json!({
-        "name": "work",
-        "image": "registry.invalid/nightshift-e2e:placeholder",
-        "resources": {
-            "requests": {"cpu": "100m", GPU_RESOURCE: "1"},
-            "limits": {GPU_RESOURCE: "1"},
-        },
-    })
-}
-
-pub async fn create_pod(client: &kube::Client, ns: &str, pod: Value) -> Result<Pod> {
-    let name = pod["metadata"]["name"].as_str().unwrap_or("?").to_string();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let pod: Pod = serde_json::from_value(pod)?;
-    pods.create(&PostParams::default(), &pod)
-        .await
-        .with_context(|| format!("creating pod {ns}/{name}"))?;
-    // Assertions are on the stored object, read back.
-    get_pod(client, ns, &name).await
-}
-
-async fn get_pod(client: &kube::Client, ns: &str, name: &str) -> Result<Pod> {
-    Api::<Pod>::namespaced(client.clone(), ns)
-        .get(name)
-        .await
-        .with_context(|| format!("reading pod {ns}/{name}"))
-}
-
 async fn wait_pod(c: &Cluster, ns: &str, name: &str, ok: impl Fn(&Pod) -> bool) -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), ns);
     let ok = &ok;
@@ -399,129 +300,6 @@ async fn wait_pod(c: &Cluster, ns: &str, name: &str, ok: impl Fn(&Pod) -> bool) 
         }
     })
     .await
-}
-
-/// The pod's PriorityClass name, if any.
-pub fn priority_class(p: &Pod) -> Option<&str> {
-    p.spec.as_ref()?.priority_class_name.as_deref()
-}
-
-/// The stored pod carries every research mark; `gpu`: also the GPU-pool placement.
-pub fn assert_marked(p: &Pod, gpu: bool) -> Result<()> {
-    let spec = p.spec.as_ref().context("pod without spec")?;
-    let name = p.metadata.name.as_deref().unwrap_or("?");
-    ensure!(
-        spec.priority_class_name.as_deref() == Some(RESEARCH_CLASS),
-        "{name}: priorityClassName {:?}, expected {RESEARCH_CLASS}",
-        spec.priority_class_name
-    );
-    ensure!(
-        spec.priority == Some(RESEARCH_VALUE),
-        "{name}: priority {:?}, expected the class value {RESEARCH_VALUE}",
-        spec.priority
-    );
-    ensure!(
-        spec.preemption_policy.as_deref() == Some("Never"),
-        "{name}: preemptionPolicy {:?}, expected Never",
-        spec.preemption_policy
-    );
-    ensure!(
-        p.metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(LENT_LABEL))
-            .map(String::as_str)
-            == Some("true"),
-        "{name}: label {LENT_LABEL}=true missing: {:?}",
-        p.metadata.labels
-    );
-    ensure!(
-        spec.termination_grace_period_seconds
-            .is_some_and(|g| g <= 30),
-        "{name}: terminationGracePeriodSeconds {:?} not capped at 30",
-        spec.termination_grace_period_seconds
-    );
-    let affinity = serde_json::to_value(&spec.affinity)?;
-    let tolerations = serde_json::to_value(&spec.tolerations)?;
-    let terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-        ["nodeSelectorTerms"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let in_every_term = |key: &str, op: &str| {
-        !terms.is_empty()
-            && terms.iter().all(|t| {
-                t["matchExpressions"]
-                    .as_array()
-                    .is_some_and(|es| es.iter().any(|e| e["key"] == key && e["operator"] == op))
-            })
-    };
-    let pool_in_every_term = in_every_term(POOL_LABEL, "Exists");
-    let spare_in_every_term = in_every_term(SPARE_LABEL, "In");
-    let tolerates_pool = tolerations.as_array().is_some_and(|ts| {
-        ts.iter().any(|t| {
-            t["key"] == POOL_LABEL
-                && t["value"] == POOL
-                && t["effect"] == "NoSchedule"
-                && t["operator"] == "Equal"
-        })
-    });
-    if gpu {
-        ensure!(
-            pool_in_every_term,
-            "{name}: required node affinity lacks {POOL_LABEL} Exists in every term: {affinity}"
-        );
-        ensure!(
-            spare_in_every_term,
-            "{name}: required node affinity lacks {SPARE_LABEL} in every term: {affinity}"
-        );
-        ensure!(
-            tolerates_pool,
-            "{name}: no toleration of the pool taint: {tolerations}"
-        );
-    } else {
-        ensure!(
-            !pool_in_every_term && !tolerates_pool,
-            "{name}: a CPU-only research pod must not be sent to the GPU pool: {affinity} {tolerations}"
-        );
-    }
-    Ok(())
-}
-
-/// The stored pod carries none of nightshift's marks (the API server's own defaults, such as
-/// the not-ready/unreachable tolerations, are expected).
-pub fn assert_untouched(p: &Pod) -> Result<()> {
-    let spec = p.spec.as_ref().context("pod without spec")?;
-    let name = p.metadata.name.as_deref().unwrap_or("?");
-    ensure!(
-        spec.priority_class_name.is_none() && spec.priority == Some(0),
-        "{name}: priority changed: class {:?}, priority {:?}",
-        spec.priority_class_name,
-        spec.priority
-    );
-    ensure!(
-        p.metadata
-            .labels
-            .as_ref()
-            .is_none_or(|l| !l.contains_key(LENT_LABEL)),
-        "{name}: carries {LENT_LABEL}"
-    );
-    ensure!(
-        spec.affinity.is_none(),
-        "{name}: affinity added: {:?}",
-        spec.affinity
-    );
-    let tolerations = serde_json::to_value(&spec.tolerations)?;
-    ensure!(
-        !tolerations.to_string().contains(POOL_LABEL),
-        "{name}: pool toleration added: {tolerations}"
-    );
-    ensure!(
-        spec.termination_grace_period_seconds == Some(600),
-        "{name}: grace period changed to {:?}",
-        spec.termination_grace_period_seconds
-    );
-    Ok(())
 }
 
 fn ms(d: Duration) -> f64 {
@@ -675,52 +453,6 @@ fn documents(path: &Path) -> Result<Vec<Value>> {
         }
     }
     Ok(docs)
-}
-
-/// Applies CRD files (server-side: Argo's full CRDs are too large for the last-applied
-/// annotation, and KEDA's start applies its own the same way) and waits until every CRD is
-/// established (those of these files: others may be terminating, left by an earlier scenario).
-pub fn apply_crds(c: &Cluster, files: &[PathBuf]) -> Result<()> {
-    for f in files {
-        let f = f.display().to_string();
-        kubectl_ok(c, &["apply", "--server-side", "-f", &f], None)?;
-    }
-    for f in files {
-        let f = f.display().to_string();
-        let established = [
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "-f",
-            &f,
-        ];
-        kubectl_ok(c, &established, None)?;
-    }
-    Ok(())
-}
-
-/// Directory of the CRD files: `$NIGHTSHIFT_E2E_CRD_DIR`, else fetched (once, cached) by
-/// `tests/e2e/fetch-crds.sh`.
-pub fn crd_dir() -> Result<PathBuf> {
-    if let Some(d) = std::env::var_os(CRD_DIR_ENV) {
-        return Ok(PathBuf::from(d));
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/fetch-crds.sh");
-    let out = std::process::Command::new("bash")
-        .arg(&script)
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !out.status.success() {
-        bail!(
-            "{} failed (set {CRD_DIR_ENV} to a directory of CRD files instead): {}",
-            script.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    Ok(PathBuf::from(
-        stdout.lines().last().unwrap_or_default().trim(),
-    ))
 }
 
 /// Deletes the CRDs installed for the dry-run when dropped.

@@ -22,15 +22,17 @@ use nightshift::scaler::service::proto::{
 };
 use serde_json::json;
 
-use crate::admission::{assert_marked, create_pod, research_pod, wait_webhook_active};
-use crate::binary::{
+use crate::harness::binary::{
     self, NAMESPACE, Nightshift, Registration, SPARE, SPARE_GPUS, Workspace, kubectl_ok,
-    remove_spare_marks, token_kubeconfig,
+    remove_spare_marks,
 };
-use crate::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE, POOL_LABEL};
-use crate::objects::{self, is_bound, is_running, node_of};
-use crate::victims;
-use crate::wait::{self, Check};
+use crate::harness::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE, POOL_LABEL};
+use crate::harness::crds::{apply_crds, crd_dir};
+use crate::harness::deploy::{forbidden_lines, service_account_kubeconfig, wait_webhook_active};
+use crate::harness::objects::{self, is_bound, is_running, node_of};
+use crate::harness::research::{assert_marked, create_pod, research_pod};
+use crate::harness::victims;
+use crate::harness::wait::{self, Check};
 
 const NS: &str = "e2e-rbac";
 /// Not a research namespace: its pod is inference, which preempts research.
@@ -275,8 +277,8 @@ async fn scenario(c: &Cluster) -> Result<()> {
 /// nightshift trigger names the scaler's Service, and waits until nightshift (as `sa`) has read
 /// the Deployment, the last call of a reclaim-notice pass, in the API server's audit log.
 async fn scaled_object_seen(c: &Cluster, sa: &str) -> Result<()> {
-    let crd = crate::admission::crd_dir()?.join("keda.sh_scaledobjects.yaml");
-    crate::admission::apply_crds(c, &[crd])?;
+    let crd = crd_dir()?.join("keda.sh_scaledobjects.yaml");
+    apply_crds(c, &[crd])?;
     let deployment = objects::inference_deployment("vllm", 0, 4)?;
     let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
         Api::namespaced(c.client.clone(), NS);
@@ -319,35 +321,6 @@ async fn scaled_object_seen(c: &Cluster, sa: &str) -> Result<()> {
         t.elapsed().as_secs_f64()
     );
     Ok(())
-}
-
-/// A kubeconfig in `ws` with a token of the base manifests' ServiceAccount (whose overlay must
-/// be applied): nightshift started with it has the base rules and nothing else.
-pub fn service_account_kubeconfig(c: &Cluster, ws: &Workspace) -> Result<std::path::PathBuf> {
-    let token = kubectl_ok(
-        c,
-        &[
-            "-n",
-            NAMESPACE,
-            "create",
-            "token",
-            SERVICE_ACCOUNT,
-            "--duration=1h",
-        ],
-        None,
-    )?;
-    let kubeconfig = ws.root().join("serviceaccount.kubeconfig");
-    token_kubeconfig(c, token.trim(), &kubeconfig)?;
-    Ok(kubeconfig)
-}
-
-/// Lines of nightshift's log that mention a refused API call.
-pub fn forbidden_lines(ns: &Nightshift) -> Vec<String> {
-    ns.log()
-        .lines()
-        .filter(|l| l.to_lowercase().contains("forbidden"))
-        .map(str::to_string)
-        .collect()
 }
 
 /// nightshift's Events in the list about the `kind` named `name`, with `reason`.

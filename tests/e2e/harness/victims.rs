@@ -10,9 +10,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::watcher;
 
-use crate::cluster::Cluster;
-use crate::objects::{self, is_bound};
-use crate::wait::{self, Check};
+use crate::harness::cluster::Cluster;
+use crate::harness::objects::{self, is_bound};
+use crate::harness::wait::{self, Check};
 
 /// Records every pod of a namespace that the scheduler marks as a preemption victim, split by
 /// its `role` label (research or not). The mark is short-lived (kwok finishes deletions at

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Result, anyhow};
 use serde_json::Value;
 
-use crate::process::{Process, free_port};
-use crate::wait::{self, Check};
+use crate::harness::process::{Process, free_port};
+use crate::harness::wait::{self, Check};
 
 pub(crate) use nightshift::test_support::{emulator, prometheus_bin};
 

@@ -15,15 +15,14 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
-use crate::admission::{
-    assert_marked, assert_untouched, create_pod, deploy, research_pod, wait_webhook_active,
-};
-use crate::binary::{
+use crate::harness::binary::{
     self, ADMISSION_POLICY, Nightshift, SPARE, SPARE_GPUS, WEBHOOK_CONFIG, generate_certs,
     kubectl_ok, remove_spare_marks, serves_current_certificate,
 };
-use crate::cluster::{Cluster, GPU_NODES, POOL_LABEL};
-use crate::wait::{self, Check};
+use crate::harness::cluster::{Cluster, GPU_NODES, POOL_LABEL};
+use crate::harness::deploy::{deploy, wait_webhook_active};
+use crate::harness::research::{assert_marked, assert_untouched, create_pod, research_pod};
+use crate::harness::wait::{self, Check};
 
 const RESEARCH_NS: &str = "e2e-failure-research";
 const PLAIN_NS: &str = "e2e-failure-plain";
@@ -317,10 +316,10 @@ async fn scenario(c: &Cluster) -> Result<()> {
     );
     // The policy's rule is the webhook's: without the webhook, a research pod that brings its
     // own class below the research class, never preempting, is still admitted.
-    crate::objects::ensure_priority_class(
+    crate::harness::objects::ensure_priority_class(
         &client,
         "e2e-scavenger",
-        crate::objects::RESEARCH_VALUE - 4000,
+        crate::harness::objects::RESEARCH_VALUE - 4000,
         "Never",
     )
     .await?;

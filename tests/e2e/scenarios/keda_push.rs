@@ -2,8 +2,11 @@
 //! `minReplicaCount: 0`), the real KEDA operator and adapter: the service sleeps at zero
 //! replicas; load arrives → nightshift's `StreamIsActive` stream sends `true` → KEDA wakes the
 //! Deployment to one replica → the HPA (reading `GetMetrics` through the adapter) takes it to the
-//! demand. KEDA polls this ScaledObject only every [`POLLING_INTERVAL`] (far beyond the
-//! scenario's deadlines), so the wake-up came through the stream.
+//! demand. KEDA polls this ScaledObject only every [`POLLING_INTERVAL`], and each poll is an
+//! `IsActive` call to nightshift while the stream is `StreamIsActive`: the scenario requires that
+//! no `IsActive` call came between the load and the first replica (so no poll woke it) and that
+//! the first replica came within a few stream intervals
+//! ([`bounds::PUSH_TO_FIRST_REPLICA`]).
 //!
 //! Load stops → the stream sends `false`, which KEDA v2.20.2 ignores by design (scale-to-zero is
 //! left to its polling loop): the scenario shortens the polling interval and KEDA scales to zero
@@ -18,18 +21,20 @@ use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
 
-use crate::admission::deploy_with;
-use crate::binary;
-use crate::cluster::Cluster;
-use crate::keda_loop::{
+use crate::harness::binary;
+use crate::harness::bounds;
+use crate::harness::cluster::Cluster;
+use crate::harness::deploy::deploy_with;
+use crate::harness::example::{
     adapt_deployment, adapt_scaled_object, create_model_token, scaled_object_resource,
     start_source, wait_condition, wait_hpa_desired, wait_replicas,
 };
-use crate::wait::{self, Check};
+use crate::harness::wait::{self, Check};
 
 const INFERENCE_NS: &str = "e2e-push";
 const SCALED_OBJECT: &str = "vllm-llama";
-/// Longer than every step of the scenario: KEDA's poll cannot be what wakes the service.
+/// Longer than the whole scenario: after its first check, KEDA does not poll again unless told
+/// to (which the scenario checks by counting `IsActive` calls).
 const POLLING_INTERVAL: i64 = 3600;
 /// The polling interval once the load stopped, for KEDA to notice the idle service.
 const IDLE_POLLING_INTERVAL: i64 = 2;
@@ -90,7 +95,7 @@ async fn scenario(c: &Cluster, dir: &std::path::Path) -> Result<()> {
         "KEDA holding a StreamIsActive stream to nightshift",
         Duration::from_secs(60),
         || async {
-            let streams = stream_requests(&admin).await?;
+            let streams = scaler_requests(&admin, "StreamIsActive").await?;
             Ok(if streams > 0.0 {
                 Check::Done(())
             } else {
@@ -100,14 +105,19 @@ async fn scenario(c: &Cluster, dir: &std::path::Path) -> Result<()> {
     )
     .await?;
 
-    // Load arrives: the stream wakes the service, then the HPA follows the demand.
+    // Load arrives: the stream wakes the service, then the HPA follows the demand. KEDA's polls
+    // are `IsActive` calls (the HPA, which would call `GetMetrics`, is idle at zero replicas):
+    // none may come between the load and the first replica.
+    let polls_before = scaler_requests(&admin, "IsActive").await?;
     let t_load = Instant::now();
     emu.set(0, |e| e.waiting = LOAD);
     wait_replicas(c, &deployments, 1).await?;
     let woke = t_load.elapsed();
+    let polls = scaler_requests(&admin, "IsActive").await? - polls_before;
     ensure!(
-        woke < Duration::from_secs(POLLING_INTERVAL as u64),
-        "waking took a polling interval ({woke:?}): it did not come through the stream"
+        polls == 0.0,
+        "KEDA polled nightshift ({polls} IsActive calls) between the load and the first replica \
+         ({woke:?}): the wake-up cannot be credited to the stream"
     );
     wait_hpa_desired(c, &hpas, LOADED_REPLICAS).await?;
     wait_replicas(c, &deployments, LOADED_REPLICAS).await?;
@@ -137,13 +147,14 @@ async fn scenario(c: &Cluster, dir: &std::path::Path) -> Result<()> {
     wait_condition(c, &scaled_objects, "Active", "False").await?;
     eprintln!(
         "push: external-push with minReplicaCount 0 (KEDA polling every {POLLING_INTERVAL} s): \
-         load arrived → 1 replica after {:.2} s (StreamIsActive), {LOADED_REPLICAS} after {:.2} \
-         s (HPA); load stopped → 0 replicas after {:.2} s (KEDA's poll every \
-         {IDLE_POLLING_INTERVAL} s, cooldown {COOLDOWN} s)",
+         load arrived → 1 replica after {:.2} s (StreamIsActive, no IsActive poll in \
+         between), {LOADED_REPLICAS} after {:.2} s (HPA); load stopped → 0 replicas after {:.2} \
+         s (KEDA's poll every {IDLE_POLLING_INTERVAL} s, cooldown {COOLDOWN} s)",
         woke.as_secs_f64(),
         scaled.as_secs_f64(),
         slept.as_secs_f64()
     );
+    bounds::PUSH_TO_FIRST_REPLICA.check(woke)?;
     Ok(())
 }
 
@@ -177,14 +188,15 @@ fn render_example(scaler: &str, prometheus: &str) -> Result<(Value, Value)> {
     Ok((deployment, so))
 }
 
-/// `StreamIsActive` calls nightshift has seen (streams opened by KEDA's operator).
-async fn stream_requests(admin: &binary::AdminApi) -> Result<f64> {
+/// Calls of the scaler's `rpc` nightshift has answered, whatever their outcome
+/// (`StreamIsActive`: the evaluations of the streams KEDA's operator holds; `IsActive`: its
+/// polls).
+async fn scaler_requests(admin: &binary::AdminApi, rpc: &str) -> Result<f64> {
     let text = admin.get("/metrics").await?;
+    let label = format!("rpc=\"{rpc}\"");
     Ok(text
         .lines()
-        .filter(|l| {
-            l.starts_with("nightshift_scaler_requests_total{") && l.contains("StreamIsActive")
-        })
+        .filter(|l| l.starts_with("nightshift_scaler_requests_total{") && l.contains(&label))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum())
 }

@@ -23,10 +23,10 @@ use nightshift::scaler::service::proto::{
 use serde_json::json;
 use tonic::transport::Channel;
 
-use crate::cluster::Cluster;
-use crate::process::{Process, free_port, tail};
-use crate::source::emulator;
-use crate::wait::{self, Check};
+use crate::harness::cluster::Cluster;
+use crate::harness::process::{Process, free_port, tail};
+use crate::harness::source::emulator;
+use crate::harness::wait::{self, Check};
 
 const NS: &str = "e2e-scrape";
 const SERVICE: &str = "llama-vllm";
