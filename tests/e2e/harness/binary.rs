@@ -523,6 +523,19 @@ pub const SPARE_GPUS: &str = "nightshift.io/spare-gpus";
 
 /// Spare-GPU marks of the pool nodes: node name → `Some(spare GPUs)` when marked spare.
 pub async fn spare_marks(c: &Cluster) -> Result<BTreeMap<String, Option<String>>> {
+    Ok(spare_labels(c)
+        .await?
+        .into_iter()
+        .map(|(node, labels)| {
+            let spare = (labels.get(SPARE).map(String::as_str) == Some("true"))
+                .then(|| labels.get(SPARE_GPUS).cloned().unwrap_or_default());
+            (node, spare)
+        })
+        .collect())
+}
+
+/// The spare labels (`nightshift.io/spare*`) of every pool node, by node.
+pub async fn spare_labels(c: &Cluster) -> Result<BTreeMap<String, BTreeMap<String, String>>> {
     let nodes: Api<Node> = Api::all(c.client.clone());
     let list = nodes
         .list(&ListParams::default().labels(POOL_LABEL))
@@ -532,8 +545,10 @@ pub async fn spare_marks(c: &Cluster) -> Result<BTreeMap<String, Option<String>>
         .into_iter()
         .map(|n| {
             let labels = n.metadata.labels.unwrap_or_default();
-            let spare = (labels.get(SPARE).map(String::as_str) == Some("true"))
-                .then(|| labels.get(SPARE_GPUS).cloned().unwrap_or_default());
+            let spare = labels
+                .into_iter()
+                .filter(|(k, _)| k.starts_with(SPARE))
+                .collect();
             (n.metadata.name.unwrap_or_default(), spare)
         })
         .collect())

@@ -22,17 +22,17 @@ use anyhow::{Context, Result, bail, ensure};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
 use crate::harness::binary::{
     self, AdminApi, NAMESPACE, Nightshift, Registration, SPARE, SPARE_GPUS, Workspace, kubectl_ok,
-    remove_spare_marks,
+    remove_spare_marks, spare_labels,
 };
 use crate::harness::bounds::Bound;
-use crate::harness::cluster::{Cluster, GPU_NODES, POOL_LABEL};
+use crate::harness::cluster::{Cluster, GPU_NODES};
 use crate::harness::deploy::{deploy, wait_webhook_active};
 use crate::harness::objects::{self, is_bound};
 use crate::harness::pool::{converged, wait_leader, wait_marked_nodes};
@@ -335,26 +335,6 @@ async fn partition(c: &Cluster) -> Result<()> {
         marks_in.as_secs_f64()
     );
     Ok(())
-}
-
-/// The spare labels (`nightshift.io/spare*`) of every pool node, by node.
-async fn spare_labels(c: &Cluster) -> Result<BTreeMap<String, BTreeMap<String, String>>> {
-    let nodes: Api<Node> = Api::all(c.client.clone());
-    let list = nodes
-        .list(&ListParams::default().labels(POOL_LABEL))
-        .await?;
-    Ok(list
-        .items
-        .into_iter()
-        .map(|n| {
-            let labels = n.metadata.labels.unwrap_or_default();
-            let spare = labels
-                .into_iter()
-                .filter(|(k, _)| k.starts_with(SPARE))
-                .collect();
-            (n.metadata.name.unwrap_or_default(), spare)
-        })
-        .collect())
 }
 
 /// Makes every pool node's spare marks wrong: the first half unmarked, the others marked with
