@@ -21,9 +21,8 @@
 //! 3. the ratios of webhook to floor, measured in this one run.
 //!
 //! Beside the webhook's CPU per request, each run reports the review's own mean time in the
-//! server, read from the webhook's `webhook_admission_duration_seconds` histogram (less the
-//! wait for its turn, `webhook_admission_wait_seconds`) before and after the run: what the
-//! review costs among the TLS, HTTP and kernel work around it, where `cargo bench --bench
+//! server, read from the webhook's `webhook_admission_duration_seconds` histogram before and
+//! after the run: what the review costs among the TLS, HTTP and kernel work around it, where `cargo bench --bench
 //! webhook` times it in a hot loop.
 //!
 //! When the generator has cores of its own, each run also counts the interrupts those cores
@@ -427,13 +426,12 @@ struct ServerUsage {
 /// The webhook's metrics, read around each run for the review's own time in the server.
 static REVIEWS: std::sync::OnceLock<Metrics> = std::sync::OnceLock::new();
 
-/// How many reviews the webhook timed, and their time in seconds less their wait for their turn
-/// (the reviews' time in their turn).
+/// How many reviews the webhook timed, and their time in seconds.
 fn reviewed() -> (u64, f64) {
     REVIEWS
         .get()
         .map(Metrics::timed)
-        .map_or((0, 0.0), |t| (t.reviews, t.seconds - t.waiting))
+        .map_or((0, 0.0), |t| (t.reviews, t.seconds))
 }
 
 impl ServerUsage {

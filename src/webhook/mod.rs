@@ -6,7 +6,6 @@
 //! - [`patch`]: the pure patch writer: the decision's changes as JSON Patch text.
 //! - [`cluster`]: namespace labels and PriorityClasses from watched caches, behind a trait.
 //! - [`review`]: AdmissionReview parsing, answers and metrics.
-//! - [`queue`]: the reviews of all connections taken in turn by one task.
 //! - [`server`] and [`tls`]: HTTPS with hot-reloaded certificates ([`crate::runtime::tls`]).
 //! - [`certs`]: `nightshift certs generate`.
 //!
@@ -26,7 +25,6 @@ pub mod cluster;
 pub mod mutate;
 pub mod patch;
 pub mod pod_fields;
-pub mod queue;
 pub mod review;
 pub mod server;
 pub mod tls;

@@ -97,7 +97,6 @@ struct OutcomeLabels {
 pub struct Metrics {
     admissions: Family<OutcomeLabels, Counter>,
     latency: Histogram,
-    wait: Histogram,
     patch_operations: Counter,
 }
 
@@ -110,11 +109,6 @@ impl Default for Metrics {
             latency: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
                 0.000_05, 2.0, 15,
             )),
-            // 10 µs … ~0.65 s: a review waits for the reviews taken before it, 10-30 µs each,
-            // so a wait below 10 µs is no wait and one of milliseconds is a long backlog.
-            wait: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
-                0.000_01, 2.0, 17,
-            )),
             patch_operations: Counter::default(),
         }
     }
@@ -122,8 +116,7 @@ impl Default for Metrics {
 
 impl Metrics {
     /// Registers the metrics (`webhook_admissions_total{outcome}`,
-    /// `webhook_admission_duration_seconds`, `webhook_admission_wait_seconds`,
-    /// `webhook_patch_operations_total`).
+    /// `webhook_admission_duration_seconds`, `webhook_patch_operations_total`).
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "webhook_admissions",
@@ -134,12 +127,6 @@ impl Metrics {
             "webhook_admission_duration_seconds",
             "Time to answer one admission review, from body received to answer encoded",
             self.latency.clone(),
-        );
-        registry.register(
-            "webhook_admission_wait_seconds",
-            "Part of webhook_admission_duration_seconds a review spent waiting for its turn \
-             behind the reviews received before it",
-            self.wait.clone(),
         );
         registry.register(
             "webhook_patch_operations",
@@ -162,7 +149,7 @@ impl Metrics {
             .get()
     }
 
-    /// What the duration and wait histograms hold so far (for tests and benchmarks), read from
+    /// What the duration histogram holds so far (for tests and benchmarks), read from
     /// their text exposition, as a scrape would.
     #[cfg(any(test, feature = "test-support"))]
     pub fn timed(&self) -> Timed {
@@ -181,22 +168,17 @@ impl Metrics {
         Timed {
             reviews: value("webhook_admission_duration_seconds_count") as u64,
             seconds: value("webhook_admission_duration_seconds_sum"),
-            waits: value("webhook_admission_wait_seconds_count") as u64,
-            waiting: value("webhook_admission_wait_seconds_sum"),
         }
     }
 }
 
-/// The counts and sums of the duration and wait histograms ([`Metrics::timed`]).
+/// The count and sum of the duration histogram ([`Metrics::timed`]).
 #[cfg(any(test, feature = "test-support"))]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Timed {
     /// Reviews timed, and their whole time in seconds, from body received to answer encoded.
     pub reviews: u64,
     pub seconds: f64,
-    /// Waits timed, and the seconds the reviews spent waiting for their turn.
-    pub waits: u64,
-    pub waiting: f64,
 }
 
 /// The answer to one HTTP request on `/mutate`.
@@ -219,13 +201,7 @@ pub struct Reviewer {
 impl Reviewer {
     /// Answers one review body. Never panics on any input.
     pub async fn review(&self, body: &[u8]) -> Answer {
-        self.review_received(body, Instant::now()).await
-    }
-
-    /// Answers one review body received at `received` (the latency metric counts from there,
-    /// and the time until now is the review's wait).
-    pub async fn review_received(&self, body: &[u8], received: Instant) -> Answer {
-        self.metrics.wait.observe(received.elapsed().as_secs_f64());
+        let received = Instant::now();
         let (answer, outcome) = match self.review_inner(body).await {
             Ok((response, outcome)) => match encode(response) {
                 Ok(bytes) => (Answer::Review(bytes), outcome),

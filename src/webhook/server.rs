@@ -24,7 +24,6 @@ use crate::{
 
 use super::{
     Error,
-    queue::ReviewQueue,
     review::{Answer, Reviewer},
 };
 
@@ -76,19 +75,19 @@ impl Default for Limits {
     }
 }
 
-/// The webhook's routes: `POST /mutate`, reviewed in turn ([`ReviewQueue`]), and `GET /readyz`
+/// The webhook's routes: `POST /mutate`, reviewed on the connection's own task, and `GET /readyz`
 /// (the process's readiness, so that the kubelet's HTTPS probe checks this TLS server too).
 /// Bodies above `max_body_bytes` get HTTP 413.
 pub fn router(reviewer: Reviewer, max_body_bytes: usize, readiness: Readiness) -> Router {
     Router::new()
         .route("/mutate", post(mutate))
         .layer(DefaultBodyLimit::max(max_body_bytes))
-        .with_state(Arc::new(ReviewQueue::new(reviewer)))
+        .with_state(Arc::new(reviewer))
         .merge(admin::readiness_router(readiness))
 }
 
-async fn mutate(State(queue): State<Arc<ReviewQueue>>, body: Bytes) -> Response {
-    match queue.review(body).await {
+async fn mutate(State(reviewer): State<Arc<Reviewer>>, body: Bytes) -> Response {
+    match reviewer.review(&body).await {
         Answer::Review(json) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],
