@@ -245,6 +245,21 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         "a research pod was preempted before the load crossed the replica"
     );
     let warned: Vec<String> = first.keys().cloned().collect();
+    // The notice names the service whose scale-up it foretells, for the Preempted Event to come.
+    let service = first
+        .values()
+        .find_map(|p| {
+            p.metadata
+                .annotations
+                .as_ref()?
+                .get("nightshift.io/reclaim-notice-service")
+                .cloned()
+        })
+        .ok_or_else(|| anyhow!("no warned pod names the service its notice is for"))?;
+    ensure!(
+        service.starts_with(&format!("{INFERENCE_NS}/")),
+        "the notice names {service:?}, not a ScaledObject of {INFERENCE_NS}"
+    );
     let events: Api<Event> = Api::namespaced(client.clone(), RESEARCH_NS);
     wait::until("the ReclaimNotice Event", STEP, || async {
         let list = events.list(&ListParams::default()).await?;
@@ -300,6 +315,25 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
             })
         },
     )
+    .await?;
+    // Its Preempted Event names the service that took the GPUs.
+    let taken_by = format!("Preempted by the scheduler for inference service {service} (");
+    wait::until("a Preempted Event naming the service", STEP, || async {
+        let list = events.list(&ListParams::default()).await?;
+        let found = list.items.iter().any(|e| {
+            e.reason.as_deref() == Some("Preempted")
+                && e.note.as_deref().is_some_and(|n| n.starts_with(&taken_by))
+                && e.regarding
+                    .as_ref()
+                    .and_then(|r| r.name.as_ref())
+                    .is_some_and(|n| preempted.contains(n))
+        });
+        Ok(if found {
+            Check::Done(())
+        } else {
+            Check::Pending(format!("no Event saying {taken_by:?}"))
+        })
+    })
     .await?;
 
     // Phase 2: a rise that stops short: a notice, then withdrawn; nothing preempted.
