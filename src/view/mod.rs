@@ -6,8 +6,15 @@
 //! - [`html`] (pure): the page, rendered from a [`model::View`].
 //! - [`services`] (pure): demand against replicas per inference service, a week in memory.
 //! - [`rebuild`]: the history read back from Prometheus after a restart.
-//! - this module: the options, the thin axum [`router`] over the running pool controller, the
-//!   sampler of the scaler's decisions, and [`start`], which wires them.
+//! - this module: the options, the thin axum [`router`] over a [`Snapshot`] of the running pool
+//!   controller, the sampler of the scaler's decisions, and [`start`], which wires them and
+//!   serves the view within the same listener limits as the admin server ([`limits`]).
+//!
+//! Requests never build the page under the controller's lock: the controller's status and
+//! history are copied into a [`Snapshot`] at most once per [`SNAPSHOT_FOR`], by the first
+//! request that finds the last one older (the lock is held only for that copy), and every
+//! request builds its model and renders from the snapshot. A request that finds the lock taken
+//! serves the last snapshot rather than wait.
 //!
 //! Aggregate data only: node names, namespaces, pod names of preempted pods, GPU counts. No
 //! secret, no pod spec, no write.
@@ -19,9 +26,11 @@ pub mod services;
 
 use std::{
     net::SocketAddr,
-    sync::{Arc, Mutex, MutexGuard},
-    time::Duration,
+    sync::{Arc, Mutex, MutexGuard, TryLockError},
+    time::{Duration, Instant},
 };
+
+use arc_swap::ArcSwapOption;
 
 use axum::{
     Json, Router,
@@ -36,8 +45,15 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    pool::run::{Shared, lock},
-    runtime::Context,
+    pool::{
+        history::History,
+        run::{Shared, lock},
+        status::StatusReport,
+    },
+    runtime::{
+        Context,
+        listen::{self, HttpLimits},
+    },
     scaler::explain::{Decisions, Explanation},
 };
 use model::HistoryOrigin;
@@ -66,6 +82,10 @@ const SAMPLE_EVERY: Duration = Duration::from_secs(60);
 /// A decision older than this is not sampled: KEDA polls every 30 s by default, so an older one
 /// belongs to a ScaledObject no longer polled (deleted, or paused).
 const STALE_AFTER: i64 = 5 * 60;
+/// How long a [`Snapshot`] of the controller serves requests before the next request takes a
+/// new one: the page's figures are at most this old, and the controller's lock is taken for the
+/// view at most once per this interval, however many people load the page.
+pub const SNAPSHOT_FOR: Duration = Duration::from_secs(5);
 
 /// Errors of the view server.
 #[derive(Debug, thiserror::Error)]
@@ -76,8 +96,6 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    #[error("view server failed: {0}")]
-    Serve(#[source] std::io::Error),
 }
 
 /// The query string: `?namespace=team-a` restricts the research figures to one namespace.
@@ -107,10 +125,24 @@ pub struct Timeline {
 /// to be the same whenever it is asked for.
 type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
 
-/// What the view reads: the running controller, the [`Timeline`] and the clock.
+/// What the view needs from the controller, copied under its lock at one instant: requests
+/// build their model and render from it, without the lock.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// When it was taken (monotonic), to know when it is due again.
+    taken: Instant,
+    pub report: StatusReport,
+    pub pool: History,
+}
+
+/// What the view reads: the running controller (through [`Snapshot`]s of it), the [`Timeline`]
+/// and the clock.
 #[derive(Clone)]
 pub struct ViewState {
     pub controller: Shared,
+    snapshot: Arc<ArcSwapOption<Snapshot>>,
+    /// How long a snapshot serves: [`SNAPSHOT_FOR`].
+    snapshot_for: Duration,
     timeline: Arc<Mutex<Timeline>>,
     clock: Clock,
 }
@@ -120,6 +152,8 @@ impl ViewState {
     pub fn new(controller: Shared, started: Timestamp) -> Self {
         Self {
             controller,
+            snapshot: Arc::new(ArcSwapOption::empty()),
+            snapshot_for: SNAPSHOT_FOR,
             timeline: Arc::new(Mutex::new(Timeline {
                 services: Services::new(),
                 origin: HistoryOrigin::SinceStart {
@@ -134,6 +168,8 @@ impl ViewState {
     /// The same view reading the time from `clock` instead of the wall clock: the page's "now",
     /// which places its charts' steps, the samples it takes and a rebuild's end.
     pub fn with_clock(self, clock: impl Fn() -> Timestamp + Send + Sync + 'static) -> Self {
+        // A snapshot taken on the other clock is not this view's.
+        self.snapshot.store(None);
         Self {
             clock: Arc::new(clock),
             ..self
@@ -150,17 +186,42 @@ impl ViewState {
         self.timeline.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The view now. The timeline is locked before the controller, everywhere.
+    /// The controller's latest [`Snapshot`]: the last one while younger than `snapshot_for`,
+    /// else a new one. The controller's lock is held only to copy its status and history; when
+    /// another holds it, the last snapshot serves (only the first request ever waits for it).
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        let last = self.snapshot.load_full();
+        if let Some(s) = &last
+            && s.taken.elapsed() < self.snapshot_for
+        {
+            return s.clone();
+        }
+        let c = match (self.controller.try_lock(), last) {
+            (Ok(c), _) => c,
+            (Err(TryLockError::Poisoned(p)), _) => p.into_inner(),
+            (Err(TryLockError::WouldBlock), Some(last)) => return last,
+            (Err(TryLockError::WouldBlock), None) => lock(&self.controller),
+        };
+        let fresh = Arc::new(Snapshot {
+            taken: Instant::now(),
+            report: c.status(self.now()),
+            pool: c.history().clone(),
+        });
+        drop(c);
+        self.snapshot.store(Some(fresh.clone()));
+        fresh
+    }
+
+    /// The view now, from the controller's [`Snapshot`]: built and rendered without its lock.
     fn current(&self, filter: &Filter) -> model::View {
+        let snapshot = self.snapshot();
         let t = self.timeline();
-        let c = lock(&self.controller);
-        let report = c.status(self.now());
         let timeline = model::Timeline {
-            pool: c.history(),
+            pool: &snapshot.pool,
             services: &t.services,
             origin: &t.origin,
         };
-        model::build(&report, timeline, filter.namespace())
+        model::build(&snapshot.report, timeline, filter.namespace())
     }
 
     /// Reads the earlier history from the Prometheus at `address` and adds it, or says why not
@@ -180,6 +241,8 @@ impl ViewState {
             Ok(found) => {
                 let mut t = self.timeline();
                 let mut kept = lock(&self.controller).backfill_history(&found.pool);
+                // The next request shows the rebuilt history, not the snapshot before it.
+                self.snapshot.store(None);
                 for (key, points) in &found.services {
                     kept += t.services.backfill(key, points);
                 }
@@ -312,6 +375,13 @@ pub async fn start(
     Ok(())
 }
 
+/// The view's listener limits (docs/security.md, "Listener limits"): the admin server's, whose
+/// every route also answers from memory; a page of the largest pool is rendered in a few
+/// milliseconds, far within the request limit.
+pub fn limits() -> (usize, HttpLimits) {
+    crate::runtime::admin::limits()
+}
+
 /// Binds the view's port.
 pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, Error> {
     tokio::net::TcpListener::bind(addr)
@@ -319,19 +389,31 @@ pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, Error> {
         .map_err(|source| Error::Bind { addr, source })
 }
 
-/// Serves `router` on `listener` until `token` is cancelled.
+/// Serves `router` on `listener` until `token` is cancelled, within [`limits`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     token: CancellationToken,
 ) -> Result<(), Error> {
+    let (max_connections, http) = limits();
+    serve_with(listener, router, max_connections, http, token).await;
+    Ok(())
+}
+
+/// Serves `router` on `listener` with at most `max_connections` open and `http`'s time limits,
+/// on the same accept loop and HTTP server as the admin and webhook listeners.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    max_connections: usize,
+    http: HttpLimits,
+    shutdown: CancellationToken,
+) {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "researchers' view listening");
     }
-    axum::serve(listener, router)
-        .with_graceful_shutdown(token.cancelled_owned())
-        .await
-        .map_err(Error::Serve)
+    let incoming = listen::accept(listener, max_connections, shutdown.clone(), "view");
+    listen::serve_http(incoming, router, http, shutdown).await;
 }
 
 #[cfg(test)]
@@ -376,5 +458,155 @@ mod tests {
         assert_eq!(series[0].name, "fresh");
         let p = series[0].latest.expect("point");
         assert_eq!((p.demand, p.replicas), (1.5, 2.0));
+    }
+
+    /// An empty pool's controller, as the view shares it.
+    fn controller() -> Shared {
+        use crate::{
+            core::vocabulary::Vocabulary,
+            pool::{
+                controller::{Controller, LendingPolicy, Metrics},
+                windows::Windows,
+            },
+        };
+        Arc::new(Mutex::new(Controller::new(
+            LendingPolicy {
+                vocabulary: Vocabulary::default(),
+                headroom: 8,
+                windows: Windows::default(),
+            },
+            Metrics::default(),
+        )))
+    }
+
+    /// `path` of `app`: its status and body.
+    async fn get_body(app: Router, path: &str) -> (axum::http::StatusCode, String) {
+        use tower::ServiceExt;
+        let response = app
+            .oneshot(
+                axum::http::Request::get(path)
+                    .body(axum::body::Body::empty())
+                    .expect("request"),
+            )
+            .await
+            .expect("infallible");
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 24)
+            .await
+            .expect("body");
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// With every snapshot due at once (so each request would take a new one if it could), a
+    /// request made while another thread holds the controller's lock is answered from the last
+    /// snapshot, the same page and JSON as before, without waiting for the lock. Two workers:
+    /// a request that blocked on the lock would hold one, and the deadline still fires.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_are_served_from_the_snapshot_while_the_controller_is_locked() {
+        const DEADLINE: Duration = Duration::from_secs(10);
+        let controller = controller();
+        let at = Timestamp::from_second(2_000_000_000).expect("ts");
+        let mut state = ViewState::new(controller.clone(), at).with_clock(move || at);
+        state.snapshot_for = Duration::ZERO;
+        let app = router(state);
+        let before_page = get_body(app.clone(), "/").await;
+        let before_json = get_body(app.clone(), "/api/view").await;
+        assert_eq!(before_page.0, axum::http::StatusCode::OK);
+        assert_eq!(before_json.0, axum::http::StatusCode::OK);
+
+        // Another thread takes the controller's lock and keeps it until told to let go.
+        let (locked_tx, locked) = std::sync::mpsc::channel();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let _guard = lock(&controller);
+            locked_tx.send(()).expect("test waits");
+            let _ = held.recv();
+        });
+        locked.recv().expect("the lock is taken");
+
+        for (path, before) in [("/", before_page), ("/api/view", before_json)] {
+            let request = tokio::spawn(get_body(app.clone(), path));
+            let deadline = Instant::now() + DEADLINE;
+            while !request.is_finished() {
+                assert!(
+                    Instant::now() < deadline,
+                    "{path} waited for the controller's lock"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(!holder.is_finished(), "the lock was held throughout");
+            assert_eq!(request.await.expect("task"), before, "{path}");
+        }
+        release.send(()).expect("holder waits");
+        holder.join().expect("holder");
+    }
+
+    /// The view's listener within small limits: one connection place and a 300 ms header
+    /// timeout. A connection that sends nothing holds the place, a second waits (not refused)
+    /// until the silent one is closed, then is served; a request slower than the request limit
+    /// gets HTTP 408.
+    #[tokio::test]
+    async fn the_view_listener_keeps_its_limits() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const DEADLINE: Duration = Duration::from_secs(10);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let stop = CancellationToken::new();
+        let (_, mut http) = limits();
+        http.header_read = Duration::from_millis(300);
+        http.request = Duration::from_millis(300);
+        let at = Timestamp::from_second(2_000_000_000).expect("ts");
+        let app = router(ViewState::new(controller(), at).with_clock(move || at))
+            .route("/never", get(std::future::pending::<&str>));
+        tokio::spawn(serve_with(listener, app, 1, http, stop.clone()));
+        let _stop = stop.drop_guard();
+
+        let started = Instant::now();
+        let mut silent = tokio::net::TcpStream::connect(addr).await.expect("silent");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut next = tokio::net::TcpStream::connect(addr).await.expect("next");
+        next.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("write");
+        let mut answer = Vec::new();
+        tokio::time::timeout(DEADLINE, next.read_to_end(&mut answer))
+            .await
+            .expect("answered in time")
+            .expect("read");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            started.elapsed() >= Duration::from_millis(300),
+            "served before the silent connection was closed: {:?}",
+            started.elapsed()
+        );
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(DEADLINE, silent.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "the silent connection is closed");
+
+        // Headers never finished: the connection is closed without an answer.
+        let mut slow = tokio::net::TcpStream::connect(addr).await.expect("slow");
+        slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .expect("write");
+        let mut answer = Vec::new();
+        tokio::time::timeout(DEADLINE, slow.read_to_end(&mut answer))
+            .await
+            .expect("closed in time")
+            .expect("read");
+        assert!(
+            !String::from_utf8_lossy(&answer).contains("200 OK"),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+
+        // A request slower than the request limit: HTTP 408.
+        let response = tokio::time::timeout(DEADLINE, reqwest::get(format!("http://{addr}/never")))
+            .await
+            .expect("answered in time")
+            .expect("response");
+        assert_eq!(response.status(), reqwest::StatusCode::REQUEST_TIMEOUT);
     }
 }
