@@ -193,11 +193,17 @@ pub async fn serve_with(
     http: HttpLimits,
     shutdown: CancellationToken,
 ) {
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "admin server listening");
-    }
-    let incoming = listen::accept(listener, max_connections, shutdown.clone(), "admin");
-    listen::serve_http(incoming, router, http, shutdown).await;
+    let (server, what) = ("admin", "admin server");
+    listen::serve_plain(
+        listener,
+        router,
+        server,
+        what,
+        max_connections,
+        http,
+        shutdown,
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -203,6 +203,26 @@ pub async fn accept_one(
     }
 }
 
+/// Serves `router` over plain HTTP on `listener` until `shutdown`, with at most
+/// `max_connections` open and `http`'s time limits: the admin port and the researchers' view.
+/// `server` names the listener in logs of its connections; the first log line says `{what}
+/// listening` with the address.
+pub async fn serve_plain(
+    listener: TcpListener,
+    router: Router,
+    server: &'static str,
+    what: &str,
+    max_connections: usize,
+    http: HttpLimits,
+    shutdown: CancellationToken,
+) {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "{what} listening");
+    }
+    let incoming = accept(listener, max_connections, shutdown.clone(), server);
+    serve_http(incoming, router, http, shutdown).await;
+}
+
 /// The plaintext connections of `listener`, at most `max_connections` open at once, until
 /// `shutdown`.
 pub fn accept(

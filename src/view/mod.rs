@@ -409,11 +409,17 @@ pub async fn serve_with(
     http: HttpLimits,
     shutdown: CancellationToken,
 ) {
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "researchers' view listening");
-    }
-    let incoming = listen::accept(listener, max_connections, shutdown.clone(), "view");
-    listen::serve_http(incoming, router, http, shutdown).await;
+    let (server, what) = ("view", "researchers' view");
+    listen::serve_plain(
+        listener,
+        router,
+        server,
+        what,
+        max_connections,
+        http,
+        shutdown,
+    )
+    .await;
 }
 
 #[cfg(test)]
