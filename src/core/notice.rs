@@ -11,11 +11,14 @@
 //!   peak falls `hysteresis` further back, so a queue that flaps around the threshold does not
 //!   flap the notices.
 //! - **Whom** will the scheduler preempt for those replicas? [`predict_victims`] follows
-//!   kube-scheduler's default preemption for victims of one priority (research pods all share the
-//!   research PriorityClass): an inference pod goes where it fits without preemption; otherwise,
-//!   on each node, every research pod is a potential victim and the most important ones (the
-//!   earliest started) are reprieved as long as the pod still fits; the node chosen is the one
-//!   with the fewest victims, then the one whose earliest-started victim started last.
+//!   kube-scheduler's default preemption: an inference pod goes where it fits without
+//!   preemption; otherwise, on each node, every research pod is a potential victim and the most
+//!   important ones (the higher PriorityClass, then the earliest started) are reprieved as long
+//!   as the pod still fits; the node chosen is the one whose most important victim has the
+//!   lowest priority, then the smallest sum of victim priorities, then the fewest victims, then
+//!   the one whose most important victims started last. PodDisruptionBudgets, which the
+//!   scheduler weighs first, are not read: a research pod under one may be warned in place of
+//!   another. The simulator measures this prediction against a scheduler model of its own.
 //! - **Lend more?** Not while a notice is out ([`may_lend`]).
 
 /// When to give and withdraw notices. Margin and hysteresis in replicas of demand.
@@ -122,7 +125,10 @@ pub fn may_lend(warned: usize) -> bool {
 pub struct Candidate<Id> {
     pub id: Id,
     pub gpus: u32,
-    /// Start time (any clock, larger = later): the most recently started go first.
+    /// `spec.priority`: the lowest go first.
+    pub priority: i32,
+    /// Start time (any clock, larger = later): within a priority, the most recently started go
+    /// first.
     pub started: f64,
 }
 
@@ -184,31 +190,58 @@ pub fn predict_victims<Id>(nodes: &mut [NodeRoom<Id>], pods: u32, gpus: u32) -> 
 /// The node the scheduler preempts on, with the indices of its victims; `None` when no node can
 /// make room.
 fn pick_node<Id>(nodes: &[NodeRoom<Id>], gpus: u32) -> Option<(usize, Vec<usize>)> {
-    let mut best: Option<(usize, Vec<usize>, f64)> = None;
+    let mut best: Option<(usize, Vec<usize>, Rank)> = None;
     for (n, node) in nodes.iter().enumerate() {
         let Some(victims) = victims_on_node(node, gpus) else {
             continue;
         };
-        let earliest = victims
-            .iter()
-            .map(|&i| node.research[i].started)
-            .fold(f64::INFINITY, f64::min);
-        let better = match &best {
-            None => true,
-            // Fewest victims; then the latest start of the earliest-started victim.
-            Some((_, v, e)) => {
-                victims.len() < v.len() || (victims.len() == v.len() && earliest > *e)
-            }
-        };
-        if better {
-            best = Some((n, victims, earliest));
+        let rank = Rank::of(node, &victims);
+        if best.as_ref().is_none_or(|(_, _, r)| rank.better_than(r)) {
+            best = Some((n, victims, rank));
         }
     }
     best.map(|(n, v, _)| (n, v))
 }
 
+/// How the scheduler ranks a node's victims: the lower the better, field by field.
+#[derive(Clone, Copy, Debug)]
+struct Rank {
+    /// Priority of the most important victim.
+    highest: i32,
+    /// Sum of the victims' priorities, each shifted by 2³¹ so that every term is positive.
+    sum: i64,
+    victims: usize,
+    /// The earliest start among the victims of the highest priority (later is better).
+    earliest: f64,
+}
+
+impl Rank {
+    fn of<Id>(node: &NodeRoom<Id>, victims: &[usize]) -> Rank {
+        let pods = victims.iter().map(|&i| &node.research[i]);
+        let highest = pods.clone().map(|c| c.priority).max().unwrap_or(i32::MIN);
+        Rank {
+            highest,
+            sum: pods
+                .clone()
+                .map(|c| i64::from(c.priority) + (1 << 31))
+                .sum(),
+            victims: victims.len(),
+            earliest: pods
+                .filter(|c| c.priority == highest)
+                .map(|c| c.started)
+                .fold(f64::INFINITY, f64::min),
+        }
+    }
+
+    fn better_than(&self, other: &Rank) -> bool {
+        (self.highest, self.sum, self.victims) < (other.highest, other.sum, other.victims)
+            || ((self.highest, self.sum, self.victims) == (other.highest, other.sum, other.victims)
+                && self.earliest > other.earliest)
+    }
+}
+
 /// The scheduler's victims on one node: all research pods are candidates; the most important
-/// (earliest started) are reprieved first, as long as the pod still fits.
+/// (highest priority, then earliest started) are reprieved first, as long as the pod still fits.
 fn victims_on_node<Id>(node: &NodeRoom<Id>, gpus: u32) -> Option<Vec<usize>> {
     let all: u32 = node.research.iter().map(|c| c.gpus).sum();
     let mut room = node.free + all;
@@ -217,9 +250,10 @@ fn victims_on_node<Id>(node: &NodeRoom<Id>, gpus: u32) -> Option<Vec<usize>> {
     }
     let mut by_importance: Vec<usize> = (0..node.research.len()).collect();
     by_importance.sort_by(|&a, &b| {
-        node.research[a]
-            .started
-            .total_cmp(&node.research[b].started)
+        let (a, b) = (&node.research[a], &node.research[b]);
+        b.priority
+            .cmp(&a.priority)
+            .then(a.started.total_cmp(&b.started))
     });
     let mut victims = Vec::new();
     for i in by_importance {
@@ -316,7 +350,12 @@ mod tests {
     }
 
     fn pod(id: u32, gpus: u32, started: f64) -> Candidate<u32> {
-        Candidate { id, gpus, started }
+        Candidate {
+            id,
+            gpus,
+            priority: -1000,
+            started,
+        }
     }
 
     #[test]
@@ -361,6 +400,28 @@ mod tests {
         two.sort_unstable();
         assert_eq!(two, vec![1, 2]);
         assert!(predict_victims(&mut nodes, 1, 4).is_empty(), "nothing left");
+    }
+
+    #[test]
+    fn a_lower_class_goes_before_a_later_start() {
+        let low = |id, started| Candidate {
+            priority: -2000,
+            ..pod(id, 4, started)
+        };
+        let mut nodes = vec![
+            NodeRoom {
+                free: 0,
+                research: vec![pod(1, 4, 900.0)],
+            },
+            NodeRoom {
+                free: 0,
+                research: vec![pod(2, 4, 500.0), low(3, 10.0)],
+            },
+        ];
+        // Node 1's lower-class pod, although node 0's started last.
+        assert_eq!(predict_victims(&mut nodes, 1, 4), vec![3]);
+        // Then, one class left: the latest started.
+        assert_eq!(predict_victims(&mut nodes, 1, 4), vec![1]);
     }
 
     #[test]
@@ -412,6 +473,11 @@ mod tests {
     }
 
     fn pod_usize(id: usize, gpus: u32, started: f64) -> Candidate<usize> {
-        Candidate { id, gpus, started }
+        Candidate {
+            id,
+            gpus,
+            priority: -1000,
+            started,
+        }
     }
 }

@@ -66,6 +66,9 @@ pub struct PodFacts {
     pub phase: String,
     pub created: Option<Timestamp>,
     pub started: Option<Timestamp>,
+    /// `spec.priority` (0 when unset, as the scheduler reads it): the scheduler preempts the
+    /// lowest first.
+    pub priority: i32,
     /// `nightshift.io/checkpointed-at`, when the pod reports a readable one.
     pub checkpointed: Option<Timestamp>,
     /// `nightshift.io/reclaim-notice`: when the pod was warned of a reclaim (research pods).
@@ -302,6 +305,7 @@ pub fn pod_facts(pod: &Pod, names: &Vocabulary) -> PodFacts {
             .as_ref()
             .and_then(|s| s.start_time.as_ref())
             .map(|t| t.0),
+        priority: pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0),
         checkpointed: meta
             .annotations
             .as_ref()

@@ -291,6 +291,7 @@ fn candidate(pod: &PodFacts, now: Timestamp) -> Option<Candidate<String>> {
     Some(Candidate {
         id: pod.key.clone(),
         gpus,
+        priority: pod.priority,
         started: started.as_millisecond() as f64 / 1000.0,
     })
 }

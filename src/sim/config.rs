@@ -314,6 +314,39 @@ pub struct ResearchConfig {
     /// Most checkpoints the trainer writes under one notice (0: it never checkpoints on a
     /// notice, only exits at once on SIGTERM).
     pub notice_checkpoints_max: u32,
+    /// The PriorityClasses research jobs run in, each with the share of jobs it gets. The
+    /// scheduler preempts the lowest class first, whatever the start times.
+    pub classes: Vec<ResearchClass>,
+}
+
+/// A research PriorityClass and the share of jobs in it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResearchClass {
+    pub name: String,
+    /// The class's `value` (below the inference class's).
+    pub priority: i32,
+    /// Share of jobs (relative to the other classes' shares).
+    pub share: f64,
+}
+
+impl ResearchConfig {
+    /// The priority of the `k`-th job: classes are dealt in proportion to their shares, spread
+    /// evenly over the job sequence (a golden-ratio sequence: no run of one class), the same in
+    /// every run.
+    pub fn class_of(&self, k: u64) -> i32 {
+        let total: f64 = self.classes.iter().map(|c| c.share).sum();
+        // The fractional part of k × φ spreads evenly over [0, 1) for any run of k.
+        let x = ((k as f64 + 1.0) * 0.618_033_988_749_895).fract() * total;
+        let mut upto = 0.0;
+        for c in &self.classes {
+            upto += c.share;
+            if x < upto {
+                return c.priority;
+            }
+        }
+        self.classes.last().map_or(0, |c| c.priority)
+    }
 }
 
 impl Default for ResearchConfig {
@@ -334,6 +367,21 @@ impl Default for ResearchConfig {
             // No limit: the trainer keeps its unsaved work bounded for as long as the notice
             // lasts (one per notice lost about the same in the sweep).
             notice_checkpoints_max: u32::MAX,
+            // The base manifests' research class, and a lower tier below it for a quarter of
+            // the jobs (sweeps a team marks as the first to give way): with two classes the
+            // scheduler's choice of victims is not only by start time.
+            classes: vec![
+                ResearchClass {
+                    name: "nightshift-research".into(),
+                    priority: -1000,
+                    share: 0.75,
+                },
+                ResearchClass {
+                    name: "research-scavenger".into(),
+                    priority: -2000,
+                    share: 0.25,
+                },
+            ],
         }
     }
 }
@@ -651,6 +699,25 @@ impl Scenario {
                 "research.gpus_per_job ({}) must be between 1 and pool.gpus_per_node ({})",
                 r.gpus_per_job, self.pool.gpus_per_node
             ));
+        }
+        if r.classes.is_empty() {
+            return Err("research.classes needs at least one class".into());
+        }
+        for c in &r.classes {
+            if !(c.share.is_finite() && c.share > 0.0) {
+                return Err(format!(
+                    "research.classes: {:?} needs a share above zero, got {}",
+                    c.name, c.share
+                ));
+            }
+            if c.priority >= super::pool::INFERENCE_PRIORITY {
+                return Err(format!(
+                    "research.classes: {:?} must rank below inference ({}), got {}",
+                    c.name,
+                    super::pool::INFERENCE_PRIORITY,
+                    c.priority
+                ));
+            }
         }
         if self.pool.nodes == 0 {
             return Err("pool.nodes must be at least 1".into());

@@ -223,6 +223,9 @@ pub struct RunSummary {
     /// Reclaim notices given and withdrawn (a withdrawn notice cost a checkpoint for nothing).
     pub notices: u64,
     pub notices_withdrawn: u64,
+    /// Notices held by jobs that finished their work under them (neither withdrawn nor
+    /// preempted).
+    pub notices_completed: u64,
     /// Preemptions after the notice's checkpoint was written, during it, and without notice.
     pub preempted_after_checkpoint: u64,
     pub preempted_during_checkpoint: u64,
@@ -264,6 +267,7 @@ impl RunSummary {
             forecast_decisions: 0,
             notices: 0,
             notices_withdrawn: 0,
+            notices_completed: 0,
             preempted_after_checkpoint: 0,
             preempted_during_checkpoint: 0,
             preempted_without_notice: 0,
@@ -817,6 +821,7 @@ impl<'a> PolicyRun<'a> {
         result.completed_jobs = stats.completed_jobs;
         result.notices = stats.notices;
         result.notices_withdrawn = stats.notices_withdrawn;
+        result.notices_completed = stats.notices_completed;
         result.preempted_after_checkpoint = stats.preempted_after_checkpoint;
         result.preempted_during_checkpoint = stats.preempted_during_checkpoint;
         result.preempted_without_notice = stats.preemptions

@@ -3,7 +3,8 @@
 //!
 //! A request trace is replayed, its rate shaped by a 24-hour envelope, against a model of vLLM
 //! replicas ([`fleet`]), KEDA and the HPA ([`policy`]), and a GPU pool shared with a research
-//! backlog ([`pool`]). Each policy runs through the same cluster ([`engine`]); the nightshift
+//! backlog ([`pool`]) whose pods the simulated kube-scheduler places and preempts
+//! ([`scheduler`], a model of its own: the notice predictor is judged against it). Each policy runs through the same cluster ([`engine`]); the nightshift
 //! policy calls the live scaler's [`crate::core::demand::compute`]. Runs are deterministic: the
 //! same trace, scenario and seed give the same numbers.
 //!
@@ -17,6 +18,7 @@ pub mod fleet;
 pub mod policy;
 pub mod pool;
 pub mod report;
+pub mod scheduler;
 pub mod trace;
 
 use std::path::PathBuf;

@@ -1,21 +1,29 @@
 //! The simulated GPU pool: nodes × GPUs shared by inference replicas and research jobs.
 //!
-//! Inference pods are placed first; when no node has room, research jobs are preempted the way
-//! the kube-scheduler does it ([`crate::core::notice::place`]: the node with the fewest victims,
-//! the most recently started leave; their grace period is waited out). Research jobs fill what is
-//! left (minus a headroom), checkpoint periodically and lose the work since their last completed
-//! checkpoint when preempted. With reclaim notices ([`Pool::notice`], the same victim
-//! prediction), the jobs the next replicas will displace are warned, and their trainer keeps
+//! Inference pods are placed first; when no node has room, research jobs are preempted by the
+//! simulated kube-scheduler ([`super::scheduler`]: lower classes first, then the most recently
+//! started; their grace period is waited out). Research jobs, each of one of the scenario's
+//! research PriorityClasses, fill what is left (minus a headroom), checkpoint periodically and
+//! lose the work since their last completed checkpoint when preempted. With reclaim notices
+//! ([`Pool::notice`]), the jobs the live controller's predictor ([`crate::core::notice`]) says
+//! the next replicas will displace are warned, and their trainer keeps
 //! its unsaved work short while the notice lasts: it writes a checkpoint whenever
 //! `notice_checkpoint_every_s` of work are unsaved (at most `notice_checkpoints_max` times per
-//! notice), training nothing while it writes. Owns GPU and research accounting only.
+//! notice), training nothing while it writes. The predictor is not the scheduler: whether its
+//! warnings went to the jobs the scheduler then took is counted ([`NoticeOutcomes`]).
+//! Owns GPU and research accounting only.
 
 use std::collections::VecDeque;
 
 use serde::Serialize;
 
 use super::config::ResearchConfig;
+use super::scheduler::{self, Bound, Decision, Incoming};
 use crate::core::notice::{self, Candidate, NodeRoom};
+
+/// Priority of inference pods: the `nightshift-inference` PriorityClass of the base manifests,
+/// above every research class.
+pub const INFERENCE_PRIORITY: i32 = 1_000_000;
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Node {
@@ -43,7 +51,10 @@ struct Job {
     id: u64,
     node: usize,
     gpus: u32,
-    /// When it started on its node (the scheduler preempts the most recent first).
+    /// Its PriorityClass's value (the scheduler preempts the lowest first).
+    priority: i32,
+    /// When it started on its node (within a class, the scheduler preempts the most recent
+    /// first).
     started: f64,
     /// Seconds of work done (saved or not).
     progress: f64,
@@ -89,9 +100,11 @@ pub struct ResearchStats {
     pub lost_gpu_s: f64,
     pub preemptions: u64,
     pub completed_jobs: u64,
-    /// Reclaim notices given, and of them withdrawn (demand fell back first).
+    /// Reclaim notices given; of them withdrawn (demand fell back first), and held by jobs that
+    /// finished their work under notice.
     pub notices: u64,
     pub notices_withdrawn: u64,
+    pub notices_completed: u64,
     /// Preemptions of jobs under notice: not writing a checkpoint (their unsaved work kept
     /// short), and caught writing one that cannot end within the grace period (lost).
     pub preempted_after_checkpoint: u64,
@@ -109,8 +122,9 @@ pub struct ResearchStats {
 pub struct Pool {
     nodes: Vec<Node>,
     jobs: Vec<Job>,
-    /// Progress of preempted jobs, resumed first (from their checkpoint).
-    resume: VecDeque<f64>,
+    /// Progress and priority of preempted jobs, resumed first (from their checkpoint, in their
+    /// class).
+    resume: VecDeque<(f64, i32)>,
     research: ResearchConfig,
     next_id: u64,
     pub stats: ResearchStats,
@@ -157,26 +171,55 @@ impl Pool {
             }
             return Placement::Nominated(n);
         }
-        if let Some(n) = self.nodes.iter().position(|nd| nd.unclaimed() >= gpus) {
-            self.nodes[n].inference += gpus;
-            return Placement::Bound(n);
-        }
-        // Victims already leaving a node make room there: no new preemption.
-        if let Some(n) = (0..self.nodes.len()).find(|&n| self.room(n) >= gpus) {
-            self.nodes[n].claimed += gpus;
-            return Placement::Nominated(n);
-        }
-        let mut rooms = self.rooms();
-        let Some(placed) = notice::place(&mut rooms, gpus) else {
-            return Placement::Unschedulable;
+        let pod = Incoming {
+            gpus,
+            priority: INFERENCE_PRIORITY,
         };
-        for id in placed.victims {
-            if let Some(i) = self.jobs.iter().position(|j| j.id == id) {
-                self.preempt(i, now);
+        match scheduler::schedule(&self.scheduler_view(), pod) {
+            Decision::Bind(n) => {
+                self.nodes[n].inference += gpus;
+                Placement::Bound(n)
             }
+            Decision::Preempt { node, victims } => {
+                for id in victims {
+                    // A victim already leaving is not preempted again.
+                    if let Some(i) = self
+                        .jobs
+                        .iter()
+                        .position(|j| j.id == id && j.leaves_at.is_none())
+                    {
+                        self.preempt(i, now);
+                    }
+                }
+                self.nodes[node].claimed += gpus;
+                Placement::Nominated(node)
+            }
+            Decision::Unschedulable => Placement::Unschedulable,
         }
-        self.nodes[placed.node].claimed += gpus;
-        Placement::Nominated(placed.node)
+    }
+
+    /// The pool as the scheduler sees it: per node, the GPUs no pod holds or is nominated to,
+    /// and every research pod bound there (those in their grace period too).
+    fn scheduler_view(&self) -> Vec<scheduler::Node<u64>> {
+        let mut nodes: Vec<scheduler::Node<u64>> = self
+            .nodes
+            .iter()
+            .map(|n| scheduler::Node {
+                free: n.unclaimed(),
+                pods: Vec::new(),
+            })
+            .collect();
+        for j in &self.jobs {
+            nodes[j.node].pods.push(Bound {
+                id: j.id,
+                gpus: j.gpus,
+                priority: j.priority,
+                started: j.started,
+                // Research pods carry no PodDisruptionBudget in the simulation.
+                guarded: false,
+            });
+        }
+        nodes
     }
 
     /// GPUs of node `n` an inference pod can have once the pods leaving it are gone and the
@@ -186,8 +229,8 @@ impl Pool {
         (node.free() + node.terminating).saturating_sub(node.claimed)
     }
 
-    /// The pool as the scheduler weighs it for preemption: each node's room and its running
-    /// research jobs.
+    /// The pool as the live controller's predictor reads it: each node's room once the pods
+    /// leaving it are gone, and its running research jobs.
     fn rooms(&self) -> Vec<NodeRoom<u64>> {
         let mut rooms: Vec<NodeRoom<u64>> = (0..self.nodes.len())
             .map(|n| NodeRoom {
@@ -199,6 +242,7 @@ impl Pool {
             rooms[j.node].research.push(Candidate {
                 id: j.id,
                 gpus: j.gpus,
+                priority: j.priority,
                 started: j.started,
             });
         }
@@ -283,7 +327,7 @@ impl Pool {
                 self.stats.preempted_after_checkpoint += 1;
             }
         }
-        self.resume.push_back(saved);
+        self.resume.push_back((saved, job.priority));
         let node = &mut self.nodes[job.node];
         node.research -= job.gpus;
         node.terminating += job.gpus;
@@ -324,6 +368,9 @@ impl Pool {
                     if job.progress >= duration {
                         node.research -= job.gpus;
                         self.stats.completed_jobs += 1;
+                        if job.notice_at.is_some() {
+                            self.stats.notices_completed += 1;
+                        }
                         self.jobs.swap_remove(i);
                         continue;
                     }
@@ -350,12 +397,16 @@ impl Pool {
                 break;
             };
             self.nodes[n].research += g;
-            let progress = self.resume.pop_front().unwrap_or(0.0);
+            let (progress, priority) = self
+                .resume
+                .pop_front()
+                .unwrap_or_else(|| (0.0, self.research.class_of(self.next_id)));
             self.next_id += 1;
             self.jobs.push(Job {
                 id: self.next_id,
                 node: n,
                 gpus: g,
+                priority,
                 started: now,
                 progress,
                 notice_saved: progress,
@@ -411,6 +462,7 @@ mod tests {
             notice_checkpoint_s: 120.0,
             notice_checkpoint_every_s: 300.0,
             notice_checkpoints_max: u32::MAX,
+            classes: ResearchConfig::default().classes,
         }
     }
 
@@ -585,7 +637,7 @@ mod tests {
             (50.0 + 400.0 + 30.0) * 4.0,
             "writing, unsaved work, grace"
         );
-        assert_eq!(pool.resume.front(), Some(&600.0));
+        assert_eq!(pool.resume.front().map(|r| r.0), Some(600.0));
     }
 
     #[test]
@@ -597,7 +649,7 @@ mod tests {
         // 100 s written before, 20 s in the grace period; nothing unsaved.
         assert_eq!(pool.stats.lost_gpu_s, 120.0 * 4.0);
         assert_eq!(pool.stats.notice_checkpoint_gpu_s, 120.0 * 4.0);
-        assert_eq!(pool.resume.front(), Some(&1000.0));
+        assert_eq!(pool.resume.front().map(|r| r.0), Some(1000.0));
         assert_eq!(pool.jobs[0].leaves_at, Some(1120.0));
     }
 

@@ -82,6 +82,7 @@ pub fn table(r: &Report) -> String {
         );
     }
     out.push_str(&notice_lines(r));
+    out.push_str(&predictor(r));
     out
 }
 
@@ -124,6 +125,35 @@ fn notice_lines(r: &Report) -> String {
         plain.minutes_over_slo,
         noticed.minutes_over_slo,
     );
+    out
+}
+
+/// The notice predictor against the simulated scheduler, one line per policy that gave
+/// notices: of the preemptions, how many were warned first (the prediction named the job the
+/// scheduler took) and how many not; of the notices, how many came true, were withdrawn, ended
+/// with their job's work done, or were still out when the run ended.
+fn predictor(r: &Report) -> String {
+    let mut out = String::new();
+    for p in r.policies.iter().filter(|p| p.notices > 0) {
+        let came_true = p.preempted_after_checkpoint + p.preempted_during_checkpoint;
+        let open = p
+            .notices
+            .saturating_sub(came_true + p.notices_withdrawn + p.notices_completed);
+        let _ = writeln!(
+            out,
+            "notice predictor ({}): {} preemptions: {} warned first, {} unwarned; {} notices: {} \
+             came true, {} withdrawn, {} outlived by their job, {} open at the end",
+            p.label,
+            p.preemptions,
+            came_true,
+            p.preempted_without_notice,
+            p.notices,
+            came_true,
+            p.notices_withdrawn,
+            p.notices_completed,
+            open,
+        );
+    }
     out
 }
 
