@@ -123,6 +123,16 @@ impl View {
         }
     }
 
+    /// The earliest start of the view's pods (now, when it has none): an origin for
+    /// [`View::describe`].
+    pub fn earliest(&self) -> jiff::Timestamp {
+        self.started
+            .values()
+            .min()
+            .copied()
+            .unwrap_or_else(jiff::Timestamp::now)
+    }
+
     /// The nodes on one line: each one's free GPUs and its pods in start order (name, GPUs,
     /// priority, start in seconds after `origin`).
     pub fn describe(&self, origin: jiff::Timestamp) -> String {

@@ -216,7 +216,7 @@ async fn one(c: &Cluster, l: &Layout) -> Result<()> {
     ensure!(
         before.nodes.iter().all(|n| n.pods.is_empty()),
         "the layout's nodes are not empty: {}",
-        before.describe(jiff::Timestamp::now())
+        before.describe(before.earliest())
     );
     let mut origin = None;
     for p in l.pods {
