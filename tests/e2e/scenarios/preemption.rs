@@ -272,11 +272,13 @@ async fn one(c: &Cluster, l: &Layout) -> Result<()> {
         .collect();
     let victims = wait::until("every pod gone marked as a victim", STEP, || async {
         let left = objects::pods(client, NS, "role=research").await?;
-        let gone: Vec<String> = candidates
+        let mut gone: Vec<String> = candidates
             .iter()
             .filter(|n| left.get(**n).is_none_or(|p| !is_running(p)))
             .map(|n| n.to_string())
             .collect();
+        gone.sort();
+        // Sorted too.
         let marked = watch.research_names();
         Ok(if gone == marked {
             Check::Done(marked)
