@@ -301,7 +301,7 @@ async fn one(c: &Cluster, l: &Layout) -> Result<()> {
     };
     eprintln!(
         "preemption: layout {} ({}): {}; inference pod of {} GPUs: model {} {:?}, kube-scheduler \
-         {} {:?} (nominated {}), bound {:.2} s after its creation; a wrong model would catch: {}",
+         {} {:?} (nominated {}), bound {:.2} s after its creation; wrong rules this layout catches: {}",
         l.name,
         l.rule,
         view.describe(origin),
