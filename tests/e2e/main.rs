@@ -28,8 +28,8 @@ use futures::future::BoxFuture;
 
 use harness::cluster::{self, Cluster};
 use scenarios::{
-    admission, chaos, failure, gate, harvest, keda_loop, keda_push, notice, packing, rbac, scrape,
-    takeover,
+    admission, chaos, failure, gate, harvest, keda_loop, keda_push, notice, packing, preemption,
+    rbac, scrape, takeover,
 };
 
 type Scenario = fn(Arc<Cluster>) -> BoxFuture<'static, anyhow::Result<()>>;
@@ -63,6 +63,10 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         (
             "packing_profile_keeps_whole_nodes_free_for_inference",
             |c| Box::pin(packing::run(c)),
+        ),
+        (
+            "preemption_the_simulators_scheduler_model_decides_as_kube_scheduler",
+            |c| Box::pin(preemption::run(c)),
         ),
         (
             "scrape_discovers_pods_from_endpointslices_and_follows_them",

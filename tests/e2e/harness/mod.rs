@@ -6,7 +6,8 @@
 //! ([`pool`]), the projects' CRDs ([`crds`]), waits with deadlines ([`wait`]), the bounds on the
 //! timings the README reports ([`bounds`]), child processes ([`process`]), a TCP proxy that can
 //! be cut ([`proxy`]), Service endpoints written by hand ([`endpoints`]), object builders
-//! ([`objects`]) and preemption victims ([`victims`]).
+//! ([`objects`]), preemption victims ([`victims`]) and the cluster's nodes as the simulator's
+//! scheduler model sees them ([`model`]).
 
 pub mod binary;
 pub mod bounds;
@@ -16,6 +17,7 @@ pub mod deploy;
 pub mod endpoints;
 pub mod example;
 pub mod keda_stack;
+pub mod model;
 pub mod objects;
 pub mod pool;
 pub mod process;

@@ -18,6 +18,10 @@ pub const RESEARCH_VALUE: i32 = -1000;
 /// PriorityClass of inference pods: high, preempts research.
 pub const INFERENCE_CLASS: &str = "nightshift-inference";
 pub const INFERENCE_VALUE: i32 = 1_000_000;
+/// A second research class below [`RESEARCH_CLASS`] (never preempts either): work that should
+/// give its GPUs back before ordinary research, as a platform may define it beside the base's.
+pub const SCAVENGER_CLASS: &str = "research-scavenger";
+pub const SCAVENGER_VALUE: i32 = -2000;
 
 /// A placeholder image: kwok never pulls it.
 const IMAGE: &str = "registry.invalid/nightshift-e2e:placeholder";
@@ -35,6 +39,11 @@ pub async fn ensure_priority_classes(client: &kube::Client) -> Result<()> {
         "PreemptLowerPriority",
     )
     .await
+}
+
+/// Creates (or keeps) [`SCAVENGER_CLASS`].
+pub async fn ensure_scavenger_class(client: &kube::Client) -> Result<()> {
+    ensure_priority_class(client, SCAVENGER_CLASS, SCAVENGER_VALUE, "Never").await
 }
 
 /// Creates (or updates) one PriorityClass.
@@ -117,6 +126,32 @@ pub fn pinned_inference_pod(name: &str, node: &str, gpus: u32) -> Value {
                 ]}]
             }}},
             "containers": [gpu_container("vllm", gpus)],
+        },
+    })
+}
+
+/// A pod of `gpus` GPUs in PriorityClass `class`, labelled `role`, that only the given nodes
+/// may take (node affinity on their names): it binds there, or preempts there, never elsewhere.
+pub fn pinned_pod(name: &str, nodes: &[&str], gpus: u32, class: &str, role: &str) -> Value {
+    // A node field selector takes one name: one term per node (terms are alternatives).
+    let terms: Vec<Value> = nodes
+        .iter()
+        .map(
+            |n| json!({"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]}),
+        )
+        .collect();
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"role": role}},
+        "spec": {
+            "priorityClassName": class,
+            // Victims go at once; kwok ends deleted pods without waiting anyway.
+            "terminationGracePeriodSeconds": 0,
+            "tolerations": [pool_toleration()],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": terms
+            }}},
+            "containers": [gpu_container("work", gpus)],
         },
     })
 }

@@ -1,13 +1,16 @@
 //! Research pods as a user submits them (unmarked, asking for a GPU), and the checks of what the
 //! API server stored: every mark the webhook gives research, or none of them.
 
+use std::time::Duration;
+
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
 use crate::harness::cluster::{GPU_RESOURCE, POOL, POOL_LABEL};
-use crate::harness::objects::{RESEARCH_CLASS, RESEARCH_VALUE};
+use crate::harness::objects::{RESEARCH_CLASS, RESEARCH_VALUE, is_running};
+use crate::harness::wait::{self, Check};
 
 const LENT_LABEL: &str = "nightshift.io/lent";
 const SPARE_LABEL: &str = "nightshift.io/spare";
@@ -49,6 +52,38 @@ pub async fn create_pod(client: &kube::Client, ns: &str, pod: Value) -> Result<P
         .with_context(|| format!("creating pod {ns}/{name}"))?;
     // Assertions are on the stored object, read back.
     get_pod(client, ns, &name).await
+}
+
+/// Creates `pod` and waits until it runs and the clock has left the second it started in, so
+/// that the next pod created starts strictly later: `status.startTime` has a one-second
+/// resolution, and the scheduler ranks pods of one priority by it. Returns the start time.
+pub async fn create_started(
+    client: &kube::Client,
+    ns: &str,
+    pod: Value,
+    timeout: Duration,
+) -> Result<jiff::Timestamp> {
+    let created = create_pod(client, ns, pod).await?;
+    let name = created.metadata.name.clone().unwrap_or_default();
+    let started = wait::until(&format!("{ns}/{name} running"), timeout, || async {
+        let p = get_pod(client, ns, &name).await?;
+        Ok(match p.status.as_ref().and_then(|s| s.start_time.clone()) {
+            Some(t) if is_running(&p) => Check::Done(t.0),
+            _ => Check::Pending("not running".into()),
+        })
+    })
+    .await?;
+    wait::until("the next second", timeout, || async {
+        Ok(
+            if jiff::Timestamp::now().as_second() > started.as_second() {
+                Check::Done(())
+            } else {
+                Check::Pending("same second".into())
+            },
+        )
+    })
+    .await?;
+    Ok(started)
 }
 
 pub async fn get_pod(client: &kube::Client, ns: &str, name: &str) -> Result<Pod> {

@@ -1,6 +1,6 @@
 //! Preemption victims and pod counts shared by the scenarios that scale inference over research.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,9 +17,13 @@ use crate::harness::wait::{self, Check};
 /// Records every pod of a namespace that the scheduler marks as a preemption victim, split by
 /// its `role` label (research or not). The mark is short-lived (kwok finishes deletions at
 /// once), so it is watched, not polled. The watch stops when this is dropped.
+///
+/// It also keeps the last `status.nominatedNodeName` seen on each pod: the node the scheduler
+/// chose for a preemptor, which it may clear once the pod is bound.
 pub struct VictimWatch {
     research: Arc<Mutex<BTreeSet<String>>>,
     inference: Arc<Mutex<BTreeSet<String>>>,
+    nominated: Arc<Mutex<BTreeMap<String, String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -35,9 +39,10 @@ impl VictimWatch {
     pub async fn start(client: &kube::Client, namespace: &str, timeout: Duration) -> Result<Self> {
         let research = Arc::new(Mutex::new(BTreeSet::new()));
         let inference = Arc::new(Mutex::new(BTreeSet::new()));
+        let nominated = Arc::new(Mutex::new(BTreeMap::new()));
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-        let (r, i) = (research.clone(), inference.clone());
+        let (r, i, nom) = (research.clone(), inference.clone(), nominated.clone());
         let task = tokio::spawn(async move {
             let mut ready_tx = Some(ready_tx);
             let mut stream = watcher(api, watcher::Config::default()).boxed();
@@ -54,6 +59,15 @@ impl VictimWatch {
                     }
                     watcher::Event::Init => continue,
                 };
+                if let Some(node) = pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.nominated_node_name.as_ref())
+                    .filter(|n| !n.is_empty())
+                    && let Ok(mut m) = nom.lock()
+                {
+                    m.insert(pod.metadata.name.clone().unwrap_or_default(), node.clone());
+                }
                 if !objects::preempted_by_scheduler(&pod) {
                     continue;
                 }
@@ -72,6 +86,7 @@ impl VictimWatch {
         let watch = Self {
             research,
             inference,
+            nominated,
             task,
         };
         tokio::time::timeout(timeout, ready_rx)
@@ -92,6 +107,11 @@ impl VictimWatch {
             .lock()
             .map(|s| s.iter().cloned().collect())
             .unwrap_or_default()
+    }
+
+    /// The last node the scheduler nominated `pod` for, if it was seen.
+    pub fn nominated(&self, pod: &str) -> Option<String> {
+        self.nominated.lock().ok()?.get(pod).cloned()
     }
 
     /// Victims that were not research pods (there must be none).

@@ -11,6 +11,7 @@ pub mod keda_loop;
 pub mod keda_push;
 pub mod notice;
 pub mod packing;
+pub mod preemption;
 pub mod rbac;
 pub mod scrape;
 pub mod takeover;

@@ -4,19 +4,25 @@
 //! (a test server on this machine: the pods use the host network, and kwok gives them the node's
 //! address, which is this machine's).
 //!
-//! Load rises slowly: nightshift's demand comes within the margin of the next replica → the
-//! research pod the scheduler will preempt for it gets the annotation, the condition, an Event
-//! and one call of its endpoint → the load crosses the replica → KEDA → HPA → the scheduler
-//! preempts. Reported: the fraction of preempted research pods that had a notice first, and the
-//! lead time. Then a rise that stops short: a notice, withdrawn when the load falls back
-//! (annotation removed, condition `False`), and nothing preempted.
+//! Eight research pods fill every other GPU, each on a node chosen by the scenario, started one
+//! after another, the two oldest in a lower research class (`research-scavenger`, 2 GPUs each, on
+//! one node beside a 4-GPU research pod): the scheduler's victims for the next replica are then
+//! those two, decided by the class within the node and between nodes, and neither by the fewest
+//! victims nor by the latest start. Load rises slowly: nightshift's demand comes within the
+//! margin of the next replica → the research pods the scheduler will preempt for it get the
+//! annotation, the condition, an Event and one call of their endpoint → the load crosses the
+//! replica → KEDA → HPA → the scheduler preempts. The pods warned must be exactly the pods
+//! preempted (printed as a confusion table: warned and preempted, warned only, preempted only),
+//! and the simulator's scheduler model, run on the cluster's state, must name them too. Reported
+//! as well: the lead time. Then a rise that stops short: a notice, withdrawn when the load falls
+//! back (annotation removed, condition `False`), and nothing preempted.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, ensure};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::Pod;
@@ -26,14 +32,18 @@ use serde_json::{Value, json};
 
 use crate::harness::binary::{self, Nightshift, Registration, Workspace};
 use crate::harness::bounds;
-use crate::harness::cluster::{Cluster, GPU_NODES, GPUS_PER_NODE};
+use crate::harness::cluster::{Cluster, GPU_NODES};
 use crate::harness::deploy::{forbidden_lines, service_account_kubeconfig, wait_webhook_active};
 use crate::harness::example::{
     adapt_deployment, adapt_scaled_object, create_model_token, read_example, start_source,
     wait_hpa_desired, wait_replicas,
 };
-use crate::harness::objects::{self, is_running};
-use crate::harness::research::{self, create_pod};
+use crate::harness::model::{self, Choice};
+use crate::harness::objects::{
+    self, INFERENCE_VALUE, RESEARCH_CLASS, RESEARCH_VALUE, SCAVENGER_CLASS, SCAVENGER_VALUE,
+    is_running,
+};
+use crate::harness::research::{self, create_started};
 use crate::harness::victims::{self, VictimWatch};
 use crate::harness::wait::{self, Check};
 
@@ -41,7 +51,7 @@ const INFERENCE_NS: &str = "e2e-notice";
 const RESEARCH_NS: &str = "e2e-notice-research";
 const INFERENCE_SELECTOR: &str = "app.kubernetes.io/name=vllm-llama";
 const RESEARCH_SELECTOR: &str = "role=research";
-/// GPUs per research pod and per inference replica (the example's): one replica, one victim.
+/// GPUs per inference replica (the example's).
 const GPUS: u32 = 4;
 /// Queue lengths. Demand = waiting / 5 (the example's `waitingTarget`) replicas; with a margin of
 /// 0.5 a service at 1 replica warns for its 2nd from demand 0.5 on; the HPA asks for the 2nd above
@@ -97,15 +107,17 @@ async fn hook_server() -> Result<(u16, Calls, tokio::task::JoinHandle<()>)> {
     Ok((port, calls, task))
 }
 
-/// A research pod of [`GPUS`] GPUs on the host network, declaring the checkpoint port.
-fn research_pod(name: &str, port: u16) -> Value {
+/// A research pod of `gpus` GPUs on the host network, declaring the checkpoint port, that only
+/// `node` may take (its hostname label; the webhook adds the pool's requirements beside it).
+fn research_pod(name: &str, port: u16, gpus: u32, node: &str) -> Value {
     let mut pod = research::research_pod(name, &[("role", "research")]);
     pod["metadata"]["annotations"] = json!({"nightshift.io/checkpoint-port": port.to_string()});
     pod["spec"]["hostNetwork"] = json!(true);
     pod["spec"]["terminationGracePeriodSeconds"] = json!(5);
+    pod["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": node});
     pod["spec"]["containers"][0]["resources"] = json!({
-        "requests": {"cpu": "100m", "nvidia.com/gpu": GPUS.to_string()},
-        "limits": {"nvidia.com/gpu": GPUS.to_string()},
+        "requests": {"cpu": "100m", "nvidia.com/gpu": gpus.to_string()},
+        "limits": {"nvidia.com/gpu": gpus.to_string()},
     });
     pod
 }
@@ -137,18 +149,28 @@ async fn noticed(c: &Cluster) -> Result<BTreeMap<String, Pod>> {
         .collect())
 }
 
-/// Waits until some research pod is under notice, with its condition `True`; returns them.
-async fn wait_noticed(c: &Cluster, what: &str) -> Result<BTreeMap<String, Pod>> {
+/// Waits until some research pods are under notice, with their condition `True`, and they are
+/// all the pods nightshift counts under notice (one pass may warn several, delivered one after
+/// another); returns them.
+async fn wait_noticed(
+    c: &Cluster,
+    nightshift: &Nightshift,
+    what: &str,
+) -> Result<BTreeMap<String, Pod>> {
     wait::until(what, STEP, || async {
         c.check_processes()?;
         let n = noticed(c).await?;
+        let out = nightshift
+            .metric("nightshift_pool_reclaim_notices_out")
+            .await?;
         let ready = !n.is_empty()
+            && n.len() as f64 == out
             && n.values()
                 .all(|p| condition_of(p).as_deref() == Some("True"));
         Ok(if ready {
             Check::Done(n)
         } else {
-            Check::Pending(format!("{} pods annotated", n.len()))
+            Check::Pending(format!("{} pods annotated, {out} under notice", n.len()))
         })
     })
     .await
@@ -167,6 +189,9 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
         "--pool-notice-margin=0.5".to_string(),
         "--pool-notice-hysteresis=0.25".to_string(),
     ];
+    // The lower research class exists before nightshift starts, so that its webhook knows it
+    // and keeps it on the pods that ask for it.
+    objects::ensure_scavenger_class(&client).await?;
     // Under the base ServiceAccount's token: the notice needs no rule beyond the base's.
     let ws = Workspace::new()?;
     let _registration = Registration::new(c);
@@ -201,33 +226,61 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
     wait_replicas(c, &deployments, 1).await?;
     victims::wait_pods(c, INFERENCE_NS, INFERENCE_SELECTOR, 1, is_running, STEP).await?;
 
-    // Research on every other GPU, one pod after the other so that their start times differ:
-    // the scheduler's choice among nodes with one victim each is then the latest-started pod.
-    let research = (GPU_NODES * GPUS_PER_NODE / GPUS - 1) as usize;
-    for i in 0..research {
+    // Research on every other GPU, one pod after the other so that their start times differ,
+    // each on a node of its own choosing (`serving` is the node the first replica runs on):
+    //   other[0]: train-0, train-1 (2 GPUs each, the lower class), train-2 (4 GPUs)
+    //   serving: train-3; other[1]: train-4, train-5; other[2]: train-6, train-7 (4 GPUs each)
+    // For the 2nd replica (4 GPUs) the scheduler removes the two oldest pods, both of the lower
+    // class, and keeps train-2. A predictor that preferred the fewest victims would name one
+    // pod of 4 GPUs; one that ranked by start alone, train-7; one that reprieved by start before
+    // class, train-2 on other[0] and then train-7 by the node ranking.
+    let serving = objects::pods(&client, INFERENCE_NS, INFERENCE_SELECTOR)
+        .await?
+        .values()
+        .find_map(|p| objects::node_of(p).map(str::to_string))
+        .context("the first inference replica is bound to no node")?;
+    let other: Vec<String> = (0..GPU_NODES)
+        .map(|i| format!("gpu-{i}"))
+        .filter(|n| *n != serving)
+        .collect();
+    ensure!(
+        other.len() == 3,
+        "the first replica runs on {serving}, outside the pool's nodes {other:?}"
+    );
+    let layout: [(&str, u32, &str); 8] = [
+        (SCAVENGER_CLASS, 2, &other[0]),
+        (SCAVENGER_CLASS, 2, &other[0]),
+        (RESEARCH_CLASS, 4, &other[0]),
+        (RESEARCH_CLASS, 4, &serving),
+        (RESEARCH_CLASS, 4, &other[1]),
+        (RESEARCH_CLASS, 4, &other[1]),
+        (RESEARCH_CLASS, 4, &other[2]),
+        (RESEARCH_CLASS, 4, &other[2]),
+    ];
+    for (i, (class, gpus, node)) in layout.iter().enumerate() {
         let name = format!("train-{i}");
-        create_pod(&client, RESEARCH_NS, research_pod(&name, port)).await?;
-        let started = wait::until(&format!("{name} running"), STEP, || async {
-            let p: Pod = Api::namespaced(client.clone(), RESEARCH_NS)
-                .get(&name)
-                .await?;
-            Ok(match p.status.as_ref().and_then(|s| s.start_time.clone()) {
-                Some(t) if is_running(&p) => Check::Done(t.0),
-                _ => Check::Pending("not running".into()),
-            })
-        })
-        .await?;
-        // Start times have a one-second resolution: the next pod starts in a later second.
-        wait::until("the next second", STEP, || async {
-            Ok(
-                if jiff::Timestamp::now().as_second() > started.as_second() {
-                    Check::Done(())
-                } else {
-                    Check::Pending("same second".into())
-                },
-            )
-        })
-        .await?;
+        let mut pod = research_pod(&name, port, *gpus, node);
+        if *class == SCAVENGER_CLASS {
+            pod["spec"]["priorityClassName"] = json!(SCAVENGER_CLASS);
+        }
+        let stored = create_started(&client, RESEARCH_NS, pod, STEP).await?;
+        let p = research::get_pod(&client, RESEARCH_NS, &name).await?;
+        let priority = p.spec.as_ref().and_then(|s| s.priority);
+        let want = if *class == SCAVENGER_CLASS {
+            SCAVENGER_VALUE
+        } else {
+            RESEARCH_VALUE
+        };
+        ensure!(
+            priority == Some(want),
+            "{name}: priority {priority:?}, expected {want} (the webhook keeps a lower research \
+             class)"
+        );
+        ensure!(
+            objects::node_of(&p) == Some(*node),
+            "{name} started {stored} on {:?}, not on {node}",
+            objects::node_of(&p)
+        );
     }
     ensure!(
         noticed(c).await?.is_empty(),
@@ -238,13 +291,27 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
     let watch = VictimWatch::start(&client, RESEARCH_NS, STEP).await?;
     let t_rise = Instant::now();
     emu.set(0, |e| e.waiting = CLOSE);
-    let first = wait_noticed(c, "a reclaim notice for the 2nd replica").await?;
+    let first = wait_noticed(c, &nightshift, "a reclaim notice for the 2nd replica").await?;
     let notice_after = t_rise.elapsed();
     ensure!(
         watch.research() == 0,
         "a research pod was preempted before the load crossed the replica"
     );
     let warned: Vec<String> = first.keys().cloned().collect();
+    // The simulator's scheduler model on the cluster as it stands, for the same replica: a third
+    // opinion beside the predictor's and the real scheduler's.
+    let nodes: Vec<String> = (0..GPU_NODES).map(|i| format!("gpu-{i}")).collect();
+    let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    let view = model::read(&client, &nodes).await?;
+    let modelled: Vec<String> = match view.schedule(GPUS, INFERENCE_VALUE) {
+        Choice::Preempt { victims, .. } => victims
+            .iter()
+            .filter_map(|v| v.strip_prefix(&format!("{RESEARCH_NS}/")))
+            .map(str::to_string)
+            .collect(),
+        other => bail!("the 2nd replica must preempt; the model decides {other:?}"),
+    };
+    let layout = view.describe(view.earliest());
     // The notice names the service whose scale-up it foretells, for the Preempted Event to come.
     let service = first
         .values()
@@ -281,6 +348,22 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
     victims::wait_pods(c, INFERENCE_NS, INFERENCE_SELECTOR, 2, is_running, STEP).await?;
     let preempted = watch.research_names();
     let with_notice = preempted.iter().filter(|p| warned.contains(p)).count();
+    // The predictor measured against the real scheduler: whom it warned and whom the scheduler
+    // took, for the same replica.
+    let both: Vec<&String> = warned.iter().filter(|w| preempted.contains(w)).collect();
+    let spared: Vec<&String> = warned.iter().filter(|w| !preempted.contains(w)).collect();
+    let unwarned: Vec<&String> = preempted.iter().filter(|p| !warned.contains(p)).collect();
+    eprintln!(
+        "notice: the 2nd replica over {} research pods in 2 classes on {} nodes ({layout}): \
+         warned and preempted {both:?}; warned, not preempted {spared:?}; preempted unwarned \
+         {unwarned:?}; the simulator's scheduler model: {modelled:?}",
+        view.nodes
+            .iter()
+            .flat_map(|n| &n.pods)
+            .filter(|p| p.priority < INFERENCE_VALUE)
+            .count(),
+        nodes.len(),
+    );
     eprintln!(
         "notice: notice {:.2} s after the load came close; preempted {} research pod(s), {} of \
          them warned first ({:.0} %); lead time notice → preemption ≈ {:.1} s",
@@ -292,9 +375,14 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
     );
     bounds::NEAR_REPLICA_TO_NOTICE.check(notice_after)?;
     ensure!(
-        with_notice == preempted.len(),
-        "every preempted research pod should have had its notice first: preempted {preempted:?}, \
-         warned {warned:?}"
+        spared.is_empty() && unwarned.is_empty() && !both.is_empty(),
+        "the notice should name exactly the research pods the scheduler preempts: preempted \
+         {preempted:?}, warned {warned:?}"
+    );
+    ensure!(
+        modelled == preempted,
+        "the simulator's scheduler model would preempt {modelled:?}, kube-scheduler took \
+         {preempted:?}"
     );
     // nightshift counts a preemption when its own watch sees the pod go, which may come after
     // this test's watch saw it.
@@ -339,7 +427,7 @@ async fn scenario(c: &Cluster, dir: &Path) -> Result<()> {
     // Phase 2: a rise that stops short: a notice, then withdrawn; nothing preempted.
     let before = watch.research();
     emu.set(0, |e| e.waiting = SHORT);
-    let second = wait_noticed(c, "a reclaim notice for the 3rd replica").await?;
+    let second = wait_noticed(c, &nightshift, "a reclaim notice for the 3rd replica").await?;
     let t_fall = Instant::now();
     emu.set(0, |e| e.waiting = OVER);
     let names: Vec<String> = second.keys().cloned().collect();
