@@ -374,8 +374,8 @@ struct PolicyRun<'a> {
     next_poll: f64,
     cached_value: Option<f64>,
 
-    /// Reclaim notices (the notice policy only): the policy and the service's notice state,
-    /// and the demand read since the last notice decision.
+    /// Reclaim notices (the policies with notices on): the policy and the service's notice
+    /// state, and the demand read since the last notice decision.
     notice: Option<(NoticePolicy, Watch)>,
     fresh_demand: Option<f64>,
     /// The trigger's learned capacity (nightshift with `learn_capacity`) and daily forecast
@@ -438,7 +438,7 @@ impl<'a> PolicyRun<'a> {
             next_sync: sc.autoscaling.hpa_sync_s,
             next_poll: 0.0,
             cached_value: None,
-            notice: (policy == ScalingPolicy::NightshiftNotice).then(|| {
+            notice: policy.notices().then(|| {
                 (
                     NoticePolicy {
                         window_s: ns.notice_window_s,
@@ -575,8 +575,9 @@ impl<'a> PolicyRun<'a> {
         }
     }
 
-    /// The notice policy: on each fresh demand, the research the next replicas would displace
-    /// is warned (and warnings no longer due are withdrawn), with the live decision code.
+    /// Reclaim notices (policies with notices on): on each fresh demand, the research the next
+    /// replicas would displace is warned (and warnings no longer due are withdrawn), with the
+    /// live decision code.
     fn give_notices(&mut self, t1: f64, current: u32) {
         let Some((policy, watch)) = self.notice.as_mut() else {
             return;
@@ -868,8 +869,8 @@ fn fixed_replicas(policy: ScalingPolicy, sc: &Scenario, t: f64) -> Option<u32> {
         }
         ScalingPolicy::KedaPrometheus
         | ScalingPolicy::Nightshift
-        | ScalingPolicy::NightshiftForecast
-        | ScalingPolicy::NightshiftNotice => None,
+        | ScalingPolicy::NightshiftWithoutNotices
+        | ScalingPolicy::NightshiftForecast => None,
     }
 }
 
