@@ -1096,6 +1096,15 @@ mod shipped {
         let live = metadata::parse(&table, namespace).expect("the live scaler parses it");
         assert_simulates(&live, ns, ScalingPolicy::Nightshift);
 
+        // The service the example is written for: the fleet provisioned for its peak is its
+        // maxReplicaCount, on a pool that holds exactly that.
+        assert_eq!(scenario.policies.static_peak.replicas, a.max_replicas);
+        assert_eq!(scenario.policies.night_window.day_replicas, a.max_replicas);
+        assert_eq!(
+            scenario.pool.nodes * scenario.pool.gpus_per_node,
+            a.max_replicas * scenario.model.gpus_per_replica
+        );
+
         // The example sets no pool option: the controller's defaults, notices on.
         assert_pool_simulated(&pool_defaults(), ns, ScalingPolicy::Nightshift);
     }
