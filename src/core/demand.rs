@@ -31,6 +31,15 @@ pub const METRIC_TARGET: f64 = 100.0;
 /// delay grows without bound, with the headroom a new replica's start-up needs to absorb a ramp.
 pub const DEFAULT_UTILIZATION: f64 = 0.6;
 
+/// `waitingTarget` of a trigger with learned capacity that sets none: vLLM production-stack's
+/// default of 5 waiting requests per replica, so the service scales on its queue before any
+/// capacity is learned (which is what produces the first saturated samples).
+pub const LEARNED_WAITING_TARGET: f64 = 5.0;
+
+/// Default window over which token counters become rates (a trigger's `rateWindow`): four
+/// Prometheus scrapes at the usual 15 s interval, the minimum for a stable `rate()`.
+pub const DEFAULT_RATE_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A vLLM signal nightshift can scale on; one metric family the sources read for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -81,6 +81,12 @@ const MAX_LEAD_S: f64 = 7.0 * DAY_S;
 /// and the bound keeps every sum of a day's bucket peaks finite.
 const MAX_READING: f64 = 1e9;
 
+/// Default lead of a trigger with `forecast: daily` (its `forecastLead`): a vLLM replica's
+/// typical start-up with its weights cached on the node (image present, model loaded, CUDA
+/// graphs captured), so the replica asked for ahead of a daily ramp is serving when the ramp
+/// arrives.
+pub const DEFAULT_FORECAST_LEAD: std::time::Duration = std::time::Duration::from_secs(180);
+
 /// Tunables; Default = 300 s buckets, 14 days kept, 3 recent days for the daily median.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ForecastConfig {

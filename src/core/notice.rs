@@ -21,6 +21,12 @@
 //!   another. The simulator measures this prediction against a scheduler model of its own.
 //! - **Lend more?** Not while a notice is out ([`may_lend`]).
 
+/// How often the pool controller decides notices: the scaler's demand moves within seconds,
+/// while KEDA polls every 30 s and the HPA syncs every 15 s by default, so a 5 s pass leaves the
+/// notice well ahead of the scale-up it foretells at a small cost (one list, one read per
+/// service).
+pub const NOTICE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// When to give and withdraw notices. Margin and hysteresis in replicas of demand.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct NoticePolicy {

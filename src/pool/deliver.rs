@@ -36,10 +36,8 @@ use crate::core::vocabulary::{
     RECLAIM_NOTICE_ANNOTATION, RECLAIM_NOTICE_CONDITION, RECLAIM_NOTICE_SERVICE_ANNOTATION,
 };
 
-/// How often notices are decided: the scaler's demand moves within seconds, while KEDA polls
-/// every 30 s and the HPA syncs every 15 s by default, so a 5 s pass leaves the notice well
-/// ahead of the scale-up it foretells at a small cost (one list, one read per service).
-pub const NOTICE_INTERVAL: Duration = Duration::from_secs(5);
+// How often notices are decided, shared with the simulator.
+pub use crate::core::notice::NOTICE_INTERVAL;
 
 /// ScaledObjects read per pass: far more inference services than one GPU pool serves; beyond
 /// it the rest are left out of notices (logged), so a cluster of thousands of unrelated

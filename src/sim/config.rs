@@ -488,17 +488,20 @@ pub struct NightshiftConfig {
     /// requests queued. An explicit token target above wins for its signal.
     pub learn_capacity: bool,
     pub utilization: f64,
-    /// The "+ forecast" policies (the trigger's `forecast: daily`): demand = max(now, the daily
-    /// shape's demand over the next `forecast_lead_s`).
+    /// The "+ forecast" policy (the trigger's `forecast: daily` with its `forecastLead`):
+    /// demand = max(now, the daily shape's demand over the next `forecast_lead_s`).
     pub forecast_lead_s: f64,
     pub source: MetricSource,
-    /// Window over which the generated-token counter is turned into a rate.
+    /// Window over which the token counters are turned into rates (the trigger's `rateWindow`).
     pub rate_window_s: f64,
-    /// GPUs kept free of research so that a scale-up rarely waits for a preemption.
+    /// GPUs kept free of research so that a scale-up rarely waits for a preemption (the pool
+    /// controller's `--pool-headroom`).
     pub headroom_gpus: u32,
-    /// Reclaim notice (the "nightshift + notice" policy): the window whose demand peak is
-    /// watched, how close that peak (replicas) must come to the next replica for its victims to
-    /// be warned, and how much further it must fall for the notice to be withdrawn.
+    /// Reclaim notice (the policies with notices on; the pool controller's
+    /// `--pool-notice-window`, `--pool-notice-margin`, `--pool-notice-hysteresis`): the window
+    /// whose demand peak is watched, how close that peak (replicas) must come to the next
+    /// replica for its victims to be warned, and how much further it must fall for the notice
+    /// to be withdrawn.
     pub notice_window_s: f64,
     pub notice_margin: f64,
     pub notice_hysteresis: f64,
@@ -519,27 +522,30 @@ impl NightshiftConfig {
 
 impl Default for NightshiftConfig {
     fn default() -> Self {
-        // The live trigger's defaults, no per-model numbers: the queue target (5, as in vLLM
-        // production-stack) and token targets learned from the replicas at the default
-        // utilization. The forecast looks one replica start-up (180 s with cached weights)
-        // plus one HPA sync (15 s) ahead: a replica asked for then serves in time. No headroom:
-        // a scale-up waits out a 30 s grace period at most.
+        use crate::core::{demand, forecast, notice::NoticePolicy};
+        // nightshift as shipped, taken from the constants the live code uses (tests pin them
+        // to what the scaler parses from a trigger that sets nothing, and to the pool
+        // controller's flag defaults): a trigger with no per-model numbers scales on the queue
+        // (5 per replica, as in vLLM production-stack) and on token targets learned from the
+        // replicas at the default utilization, scraping the pods; `forecast: daily` looks one
+        // replica start-up ahead; no headroom (`--pool-headroom`), so a scale-up waits out a
+        // 30 s grace period at most; the notice policy is the controller's.
+        let notices = NoticePolicy::default();
         NightshiftConfig {
-            waiting: Some(5.0),
+            waiting: Some(demand::LEARNED_WAITING_TARGET),
             running: None,
             kv_cache: None,
             generation_tokens: None,
             prompt_tokens: None,
             learn_capacity: true,
-            utilization: crate::core::demand::DEFAULT_UTILIZATION,
-            forecast_lead_s: 195.0,
+            utilization: demand::DEFAULT_UTILIZATION,
+            forecast_lead_s: forecast::DEFAULT_FORECAST_LEAD.as_secs_f64(),
             source: MetricSource::Scrape,
-            rate_window_s: 30.0,
+            rate_window_s: demand::DEFAULT_RATE_WINDOW.as_secs_f64(),
             headroom_gpus: 0,
-            // The live controller's defaults (one decision code for both).
-            notice_window_s: crate::core::notice::NoticePolicy::default().window_s,
-            notice_margin: crate::core::notice::NoticePolicy::default().margin,
-            notice_hysteresis: crate::core::notice::NoticePolicy::default().hysteresis,
+            notice_window_s: notices.window_s,
+            notice_margin: notices.margin,
+            notice_hysteresis: notices.hysteresis,
         }
     }
 }
@@ -792,5 +798,381 @@ mod tests {
             let error = s.validate().expect_err(bad);
             assert!(error.contains("autoscaling.scale_"), "{error}");
         }
+    }
+}
+
+/// The simulated defaults are the product's: the default scenario's nightshift is what the live
+/// scaler and pool controller do when nothing is set, and `data/scenarios/shipped-example.toml`
+/// is the example ScaledObject. A change to a live default or to the example fails here until
+/// the simulator follows.
+#[cfg(test)]
+mod shipped {
+    use std::{collections::BTreeSet, path::Path};
+
+    use clap::{CommandFactory, FromArgMatches};
+    use serde_json::Value;
+
+    use super::*;
+    use crate::{
+        cli::{Cli, Command},
+        core::notice::NoticePolicy,
+        pool::{PoolArgs, windows::Windows},
+        scaler::metadata::{self, EmptyResult, Source, TriggerConfig},
+        sim::policy::ScalingPolicy,
+    };
+
+    /// A file of the repository, as text.
+    fn read(path: &str) -> String {
+        let full = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+        std::fs::read_to_string(&full)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", full.display()))
+    }
+
+    /// What the live scaler makes of these trigger metadata (in the ScaledObject's namespace).
+    fn live_trigger(pairs: &[(&str, &str)]) -> TriggerConfig {
+        let table: metadata::Table = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        metadata::parse(&table, "inference")
+            .unwrap_or_else(|e| panic!("the live scaler refuses {pairs:?}: {e}"))
+    }
+
+    /// The pool controller's options of `nightshift run` (what the shipped Deployment runs) with
+    /// no flag set; environment variables are ignored, so that the machine's cannot change it.
+    fn pool_defaults() -> PoolArgs {
+        let command = Cli::command()
+            .mut_args(|a| a.env(None))
+            .mut_subcommand("run", |run| run.mut_args(|a| a.env(None)));
+        let matches = command
+            .try_get_matches_from(["nightshift", "run"])
+            .expect("`nightshift run` needs no flag");
+        match Cli::from_arg_matches(&matches).expect("parsed").command {
+            Command::Run(run) => run.pool,
+            _ => panic!("`nightshift run` parsed as another command"),
+        }
+    }
+
+    /// `live` (a trigger as the scaler parsed it) is simulated by `policy` with the scenario's
+    /// nightshift settings: every field of the trigger that changes a decision.
+    fn assert_simulates(live: &TriggerConfig, ns: &NightshiftConfig, policy: ScalingPolicy) {
+        assert!(policy.is_nightshift(), "{policy:?}");
+        // Per-replica targets, the learned waiting target included.
+        assert_eq!(live.targets, ns.targets(), "targets");
+        assert_eq!(live.query, None, "a raw query has no simulated counterpart");
+        assert_eq!(
+            live.capacity.map(|c| c.utilization),
+            ns.learn_capacity.then_some(ns.utilization),
+            "capacity: learned and capacityUtilization"
+        );
+        assert_eq!(
+            live.forecast.is_some(),
+            policy.forecasts(),
+            "forecast: daily"
+        );
+        if let Some(forecast) = live.forecast {
+            assert_eq!(
+                forecast.lead.as_secs_f64(),
+                ns.forecast_lead_s,
+                "forecastLead"
+            );
+        }
+        let source = match live.source {
+            Source::Scrape(_) => MetricSource::Scrape,
+            Source::Prometheus { .. } => MetricSource::Prometheus,
+        };
+        assert_eq!(source, ns.source, "source");
+        assert_eq!(
+            live.rate_window.as_secs_f64(),
+            ns.rate_window_s,
+            "rateWindow"
+        );
+        // A reading that fails is an error, never a zero: the simulated HPA then keeps its
+        // replicas (`demand_errors`), as KEDA's does before `fallback`.
+        assert_eq!(live.empty_result, EmptyResult::Error, "emptyResult");
+    }
+
+    /// The pool controller's options are the scenario's notice and lending settings, and
+    /// whether `policy` gives notices is whether the controller does.
+    fn assert_pool_simulated(pool: &PoolArgs, ns: &NightshiftConfig, policy: ScalingPolicy) {
+        assert_eq!(pool.notice.enabled, policy.notices(), "--pool-notices");
+        let notices = pool
+            .notice
+            .policy()
+            .expect("default notice options are valid");
+        assert_eq!(
+            notices,
+            NoticePolicy {
+                window_s: ns.notice_window_s,
+                margin: ns.notice_margin,
+                hysteresis: ns.notice_hysteresis,
+            },
+            "--pool-notice-window, --pool-notice-margin, --pool-notice-hysteresis"
+        );
+        assert_eq!(
+            pool.lending.headroom,
+            u64::from(ns.headroom_gpus),
+            "--pool-headroom"
+        );
+        // The simulated pool lends at any hour.
+        assert_eq!(
+            pool.lending.lending_windows,
+            Windows::default(),
+            "--pool-lending-windows"
+        );
+    }
+
+    #[test]
+    fn the_default_nightshift_is_the_live_scaler_with_a_trigger_that_sets_nothing() {
+        let ns = Scenario::default().policies.nightshift;
+        // Where to read is the one thing a trigger must say; the examples name a Service.
+        let plain = live_trigger(&[("service", "vllm")]);
+        assert_simulates(&plain, &ns, ScalingPolicy::Nightshift);
+        assert_simulates(&plain, &ns, ScalingPolicy::NightshiftWithoutNotices);
+        let forecast = live_trigger(&[("service", "vllm"), ("forecast", "daily")]);
+        assert_simulates(&forecast, &ns, ScalingPolicy::NightshiftForecast);
+    }
+
+    #[test]
+    fn the_default_notices_are_the_pool_controllers_flag_defaults() {
+        let ns = Scenario::default().policies.nightshift;
+        let pool = pool_defaults();
+        assert_pool_simulated(&pool, &ns, ScalingPolicy::Nightshift);
+        assert_pool_simulated(&pool, &ns, ScalingPolicy::NightshiftForecast);
+        // Only the policy that switches them off differs.
+        assert!(!ScalingPolicy::NightshiftWithoutNotices.notices());
+    }
+
+    /// Kubernetes' HPA defaults (autoscaling/v2 `HorizontalPodAutoscalerBehavior`, and
+    /// kube-controller-manager's sync period and tolerance): what a ScaledObject without
+    /// `advanced.horizontalPodAutoscalerConfig.behavior` gets; with KEDA's defaults for the
+    /// metric (`pollingInterval` 30 s, no `useCachedMetrics`).
+    #[test]
+    fn the_default_hpa_is_kubernetes_defaults() {
+        let a = Scenario::default().autoscaling;
+        let policy = |kind, value, period_s| HpaPolicy {
+            kind,
+            value,
+            period_s,
+        };
+        assert_eq!(a.hpa_sync_s, 15.0);
+        assert_eq!(a.tolerance, 0.1);
+        assert_eq!(a.scale_up_window_s, 0.0);
+        assert_eq!(a.scale_up_select, HpaSelect::Max);
+        assert_eq!(
+            a.scale_up_policies,
+            [
+                policy(HpaPolicyKind::Pods, 4.0, 15.0),
+                policy(HpaPolicyKind::Percent, 100.0, 15.0)
+            ]
+        );
+        assert_eq!(a.scale_down_window_s, 300.0);
+        assert_eq!(a.scale_down_select, HpaSelect::Max);
+        assert_eq!(
+            a.scale_down_policies,
+            [policy(HpaPolicyKind::Percent, 100.0, 15.0)]
+        );
+        assert_eq!(a.keda_polling_s, 30.0);
+        assert!(!a.use_cached_metrics);
+    }
+
+    /// The keys of a YAML mapping.
+    fn keys(value: &Value) -> BTreeSet<&str> {
+        value
+            .as_object()
+            .unwrap_or_else(|| panic!("not a mapping: {value}"))
+            .keys()
+            .map(String::as_str)
+            .collect()
+    }
+
+    /// Asserts that `value`'s keys are exactly `expected`: a key the test does not map is a
+    /// change of the example the scenario has not followed.
+    fn assert_keys(value: &Value, expected: &[&str], what: &str) {
+        let expected: BTreeSet<&str> = expected.iter().copied().collect();
+        assert_eq!(
+            keys(value),
+            expected,
+            "{what}: map the new field to the scenario (or say why it is not simulated)"
+        );
+    }
+
+    /// One direction of the manifest's HPA `behavior` as the scenario spells it: the
+    /// stabilization window, `selectPolicy` (Kubernetes' default `Max` when absent) and the
+    /// policies in order.
+    fn behaviour(rules: &Value) -> (f64, HpaSelect, Vec<HpaPolicy>) {
+        assert_keys(
+            rules,
+            &["stabilizationWindowSeconds", "selectPolicy", "policies"],
+            "behavior rules",
+        );
+        let window = rules["stabilizationWindowSeconds"]
+            .as_f64()
+            .expect("stabilizationWindowSeconds is a number");
+        let select = match rules["selectPolicy"].as_str().unwrap_or("Max") {
+            "Max" => HpaSelect::Max,
+            "Min" => HpaSelect::Min,
+            other => panic!("selectPolicy {other} is not simulated"),
+        };
+        let policies = rules["policies"]
+            .as_array()
+            .expect("policies is a list")
+            .iter()
+            .map(|p| {
+                assert_keys(p, &["type", "value", "periodSeconds"], "HPA policy");
+                HpaPolicy {
+                    kind: match p["type"].as_str().expect("type") {
+                        "Pods" => HpaPolicyKind::Pods,
+                        "Percent" => HpaPolicyKind::Percent,
+                        other => panic!("policy type {other} is not simulated"),
+                    },
+                    value: p["value"].as_f64().expect("value is a number"),
+                    period_s: p["periodSeconds"]
+                        .as_f64()
+                        .expect("periodSeconds is a number"),
+                }
+            })
+            .collect();
+        (window, select, policies)
+    }
+
+    #[test]
+    fn the_shipped_example_scenario_is_the_example_scaled_object() {
+        let manifest: Value =
+            serde_yaml_ng::from_str(&read("manifests/examples/vllm/scaledobject.yaml"))
+                .expect("the example ScaledObject is YAML");
+        let scenario = Scenario::from_toml(&read("data/scenarios/shipped-example.toml"))
+            .expect("the scenario parses");
+        scenario.validate().expect("the scenario is valid");
+        let a = &scenario.autoscaling;
+        let ns = &scenario.policies.nightshift;
+        assert_eq!(manifest["kind"], "ScaledObject");
+        let spec = &manifest["spec"];
+        assert_keys(
+            spec,
+            &[
+                // Which Deployment: the simulated fleet is the one service.
+                "scaleTargetRef",
+                "pollingInterval",
+                // Only for scaling to zero, which minReplicaCount ≥ 1 rules out (below).
+                "cooldownPeriod",
+                "minReplicaCount",
+                "maxReplicaCount",
+                // Not simulated: the simulated scrape never fails (a failure would count in
+                // `demand_errors`, with the HPA holding its replicas).
+                "fallback",
+                "advanced",
+                "triggers",
+            ],
+            "spec",
+        );
+
+        // spec.minReplicaCount, maxReplicaCount, pollingInterval → [autoscaling].
+        let number = |v: &Value, what: &str| v.as_f64().unwrap_or_else(|| panic!("{what}"));
+        assert_eq!(
+            f64::from(a.min_replicas),
+            number(&spec["minReplicaCount"], "minReplicaCount")
+        );
+        assert!(a.min_replicas >= 1, "cooldownPeriod would matter");
+        assert_eq!(
+            f64::from(a.max_replicas),
+            number(&spec["maxReplicaCount"], "maxReplicaCount")
+        );
+        assert_eq!(
+            a.keda_polling_s,
+            number(&spec["pollingInterval"], "pollingInterval")
+        );
+
+        // spec.advanced.horizontalPodAutoscalerConfig.behavior → the HPA's windows and policies.
+        assert_keys(
+            &spec["advanced"],
+            &["horizontalPodAutoscalerConfig"],
+            "advanced",
+        );
+        let hpa = &spec["advanced"]["horizontalPodAutoscalerConfig"];
+        assert_keys(hpa, &["behavior"], "horizontalPodAutoscalerConfig");
+        assert_keys(&hpa["behavior"], &["scaleUp", "scaleDown"], "behavior");
+        assert_eq!(
+            behaviour(&hpa["behavior"]["scaleUp"]),
+            (
+                a.scale_up_window_s,
+                a.scale_up_select,
+                a.scale_up_policies.clone()
+            ),
+            "behavior.scaleUp"
+        );
+        assert_eq!(
+            behaviour(&hpa["behavior"]["scaleDown"]),
+            (
+                a.scale_down_window_s,
+                a.scale_down_select,
+                a.scale_down_policies.clone()
+            ),
+            "behavior.scaleDown"
+        );
+
+        // spec.triggers: one nightshift trigger, an AverageValue metric (what the simulated
+        // HPA computes), its metadata as the live scaler parses it → [policies.nightshift].
+        let triggers = spec["triggers"].as_array().expect("triggers is a list");
+        assert_eq!(triggers.len(), 1, "one trigger");
+        let trigger = &triggers[0];
+        assert_keys(trigger, &["type", "metricType", "metadata"], "trigger");
+        assert_eq!(trigger["type"], "external");
+        assert_eq!(trigger["metricType"], "AverageValue");
+        // `useCachedMetrics` is absent: each HPA sync asks the scaler.
+        assert!(!a.use_cached_metrics);
+        let pairs: Vec<(&str, &str)> = trigger["metadata"]
+            .as_object()
+            .expect("metadata is a mapping")
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str().expect("metadata values are strings")))
+            .collect();
+        // Every key either decides something `assert_simulates` compares, or says which pods
+        // and series to read (the simulated fleet is the one service) or how KEDA reaches
+        // nightshift, or only matters at zero replicas.
+        let compared = [
+            "service",
+            "serverAddress",
+            "endpoints",
+            "waitingTarget",
+            "runningTarget",
+            "kvCacheTarget",
+            "generationTokensTarget",
+            "promptTokensTarget",
+            "capacity",
+            "capacityUtilization",
+            "forecast",
+            "forecastLead",
+            "rateWindow",
+            "emptyResult",
+        ];
+        let not_simulated = ["scalerAddress", "port", "model", "activationThreshold"];
+        for (key, _) in &pairs {
+            assert!(
+                compared.contains(key) || not_simulated.contains(key),
+                "trigger metadata {key}: map it to the scenario (or say why it is not simulated)"
+            );
+        }
+        let namespace = manifest["metadata"]["namespace"]
+            .as_str()
+            .expect("namespace");
+        let table: metadata::Table = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let live = metadata::parse(&table, namespace).expect("the live scaler parses it");
+        assert_simulates(&live, ns, ScalingPolicy::Nightshift);
+
+        // The service the example is written for: the fleet provisioned for its peak is its
+        // maxReplicaCount, on a pool that holds exactly that.
+        assert_eq!(scenario.policies.static_peak.replicas, a.max_replicas);
+        assert_eq!(scenario.policies.night_window.day_replicas, a.max_replicas);
+        assert_eq!(
+            scenario.pool.nodes * scenario.pool.gpus_per_node,
+            a.max_replicas * scenario.model.gpus_per_replica
+        );
+
+        // The example sets no pool option: the controller's defaults, notices on.
+        assert_pool_simulated(&pool_defaults(), ns, ScalingPolicy::Nightshift);
     }
 }

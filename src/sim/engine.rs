@@ -20,7 +20,7 @@ use super::{
 use crate::core::capacity::{CapacityConfig, LearnedCapacity};
 use crate::core::demand::{self, Decision, PerSignal, Targets, Totals};
 use crate::core::forecast::{DailyShape, ForecastConfig, with_forecast};
-use crate::core::notice::{NoticePolicy, Watch};
+use crate::core::notice::{NOTICE_INTERVAL, NoticePolicy, Watch};
 
 /// Queue waits and TTFTs are kept in 1 ms buckets up to this many seconds (beyond: one bucket).
 const HIST_SPAN_S: f64 = 600.0;
@@ -378,10 +378,10 @@ struct PolicyRun<'a> {
     next_poll: f64,
     cached_value: Option<f64>,
 
-    /// Reclaim notices (the notice policy only): the policy and the service's notice state,
-    /// and the demand read since the last notice decision.
+    /// Reclaim notices (the policies with notices on): the policy and the service's notice
+    /// state, and when the pool controller next decides them.
     notice: Option<(NoticePolicy, Watch)>,
-    fresh_demand: Option<f64>,
+    next_notice: f64,
     /// The trigger's learned capacity (nightshift with `learn_capacity`) and daily forecast
     /// (the forecast policies): the live scaler's code.
     capacity: Option<LearnedCapacity>,
@@ -442,7 +442,7 @@ impl<'a> PolicyRun<'a> {
             next_sync: sc.autoscaling.hpa_sync_s,
             next_poll: 0.0,
             cached_value: None,
-            notice: (policy == ScalingPolicy::NightshiftNotice).then(|| {
+            notice: policy.notices().then(|| {
                 (
                     NoticePolicy {
                         window_s: ns.notice_window_s,
@@ -452,7 +452,7 @@ impl<'a> PolicyRun<'a> {
                     Watch::default(),
                 )
             }),
-            fresh_demand: None,
+            next_notice: NOTICE_INTERVAL.as_secs_f64(),
             capacity: (policy.is_nightshift() && ns.learn_capacity)
                 .then(|| LearnedCapacity::new(CapacityConfig::default())),
             shape: policy
@@ -476,7 +476,7 @@ impl<'a> PolicyRun<'a> {
         self.sample_metrics(t1);
         let current = self.non_draining_pods();
         self.decide_replicas(t1, current);
-        self.give_notices(t1, current);
+        self.give_notices(t1);
         self.converge(t1, current);
         self.schedule_pending(t1);
         // Research takes what is left.
@@ -579,16 +579,25 @@ impl<'a> PolicyRun<'a> {
         }
     }
 
-    /// The notice policy: on each fresh demand, the research the next replicas would displace
-    /// is warned (and warnings no longer due are withdrawn), with the live decision code.
-    fn give_notices(&mut self, t1: f64, current: u32) {
+    /// Reclaim notices (policies with notices on), decided as the pool controller decides them:
+    /// every [`NOTICE_INTERVAL`] it evaluates the service's trigger (the scaler's own
+    /// evaluation, which feeds the learned capacity and the forecast as KEDA's calls do) against
+    /// the replicas the Deployment is asked for, warns the research the next replicas would
+    /// displace and withdraws warnings no longer due, with the live decision code. A failed
+    /// evaluation keeps the notices given.
+    fn give_notices(&mut self, t1: f64) {
+        if self.notice.is_none() || t1 < self.next_notice {
+            return;
+        }
+        self.next_notice += NOTICE_INTERVAL.as_secs_f64();
+        let demand = self.evaluate(t1).map(|(replicas, _)| replicas);
         let Some((policy, watch)) = self.notice.as_mut() else {
             return;
         };
-        let Some(demand) = self.fresh_demand.take() else {
-            return;
+        let extra = match demand {
+            Some(replicas) => policy.update(watch, t1, replicas, self.desired),
+            None => watch.covered().saturating_sub(self.desired),
         };
-        let extra = policy.update(watch, t1, demand, current);
         self.pool.notice(t1, extra, self.gpr);
     }
 
@@ -625,41 +634,45 @@ impl<'a> PolicyRun<'a> {
                 let at = scrape_time(t1, prometheus.scrape_interval_s);
                 Some(sample_at(&self.history, at).waiting)
             }
-            _ => {
-                let ns = &self.sc.policies.nightshift;
-                let at = match ns.source {
-                    MetricSource::Scrape => t1,
-                    MetricSource::Prometheus => scrape_time(t1, prometheus.scrape_interval_s),
-                };
-                let totals = totals_at(&self.history, at, ns.rate_window_s);
-                self.result.demand_calls += 1;
-                let targets = self.learned_targets(&totals);
-                match policy::nightshift_metric(&totals, &targets) {
-                    Ok((decision, value)) => {
-                        let (replicas, value) = match self.shape.as_mut() {
-                            Some(shape) => {
-                                shape.observe(t1, decision.replicas);
-                                let expected = shape.expected(t1, ns.forecast_lead_s);
-                                let (replicas, decided) =
-                                    with_forecast(decision.replicas, expected);
-                                if decided {
-                                    self.result.forecast_decisions += 1;
-                                }
-                                (replicas, replicas * demand::METRIC_TARGET)
-                            }
-                            None => (decision.replicas, value),
-                        };
-                        self.fresh_demand = Some(replicas);
-                        if self.record_decisions {
-                            self.decisions.push((totals, targets, decision));
+            _ => self.evaluate(t1).map(|(_, value)| value),
+        }
+    }
+
+    /// nightshift's evaluation of its trigger at `t1`, as the live scaler's: the totals its
+    /// source reports, the learned targets, the live demand code and, with the forecast, the
+    /// daily shape. The demand in replicas and the value reported to KEDA; `None` when the
+    /// demand code fails (KEDA receives an error).
+    fn evaluate(&mut self, t1: f64) -> Option<(f64, f64)> {
+        let ns = &self.sc.policies.nightshift;
+        let at = match ns.source {
+            MetricSource::Scrape => t1,
+            MetricSource::Prometheus => scrape_time(t1, self.sc.prometheus.scrape_interval_s),
+        };
+        let totals = totals_at(&self.history, at, ns.rate_window_s);
+        self.result.demand_calls += 1;
+        let targets = self.learned_targets(&totals);
+        match policy::nightshift_metric(&totals, &targets) {
+            Ok((decision, value)) => {
+                let answer = match self.shape.as_mut() {
+                    Some(shape) => {
+                        shape.observe(t1, decision.replicas);
+                        let expected = shape.expected(t1, ns.forecast_lead_s);
+                        let (replicas, decided) = with_forecast(decision.replicas, expected);
+                        if decided {
+                            self.result.forecast_decisions += 1;
                         }
-                        Some(value)
+                        (replicas, replicas * demand::METRIC_TARGET)
                     }
-                    Err(_) => {
-                        self.result.demand_errors += 1;
-                        None
-                    }
+                    None => (decision.replicas, value),
+                };
+                if self.record_decisions {
+                    self.decisions.push((totals, targets, decision));
                 }
+                Some(answer)
+            }
+            Err(_) => {
+                self.result.demand_errors += 1;
+                None
             }
         }
     }
@@ -873,8 +886,8 @@ fn fixed_replicas(policy: ScalingPolicy, sc: &Scenario, t: f64) -> Option<u32> {
         }
         ScalingPolicy::KedaPrometheus
         | ScalingPolicy::Nightshift
-        | ScalingPolicy::NightshiftForecast
-        | ScalingPolicy::NightshiftNotice => None,
+        | ScalingPolicy::NightshiftWithoutNotices
+        | ScalingPolicy::NightshiftForecast => None,
     }
 }
 
@@ -987,6 +1000,16 @@ mod tests {
         assert!(out.decisions.iter().all(|(_, t, d)| {
             t.generation_tokens.is_none() && d.terms.len() == 1 && d.replicas == 0.0
         }));
+    }
+
+    #[test]
+    fn with_notices_the_pool_controller_evaluates_the_trigger_between_hpa_syncs() {
+        let plain = small_run(ScalingPolicy::NightshiftWithoutNotices, false);
+        let noticed = small_run(ScalingPolicy::Nightshift, false);
+        // Two hours: one evaluation per 15 s HPA sync, and with notices one per 5 s pass more.
+        assert_eq!(plain.result.demand_calls, 2 * 3600 / 15);
+        assert_eq!(noticed.result.demand_calls, 2 * 3600 / 15 + 2 * 3600 / 5);
+        assert_eq!(plain.result.notices, 0);
     }
 
     #[test]

@@ -13,18 +13,24 @@ use super::config::{AutoscalingConfig, HpaPolicyKind, HpaSelect, NightWindowConf
 use crate::core::demand::{self, Decision, DemandError, Targets, Totals};
 
 /// Which scaling policy a run uses.
+///
+/// The nightshift policies differ in two properties, each a switch of the live product:
+/// [`ScalingPolicy::forecasts`] (the trigger's `forecast: daily`, off unless set) and
+/// [`ScalingPolicy::notices`] (the pool controller's `--pool-notices`, on unless switched off).
+/// [`ScalingPolicy::Nightshift`] is nightshift as shipped: both at their defaults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub enum ScalingPolicy {
     StaticPeak,
     NightWindow,
     KedaPrometheus,
+    /// nightshift as shipped: the trigger's defaults (no forecast) and the pool controller's
+    /// (reclaim notices on).
     Nightshift,
-    /// nightshift with the daily forecast (the trigger's `forecast: daily`).
+    /// The same scaling with reclaim notices off (`--pool-notices=false`).
+    NightshiftWithoutNotices,
+    /// nightshift with the daily forecast (the trigger's `forecast: daily`), notices on.
     NightshiftForecast,
-    /// nightshift with the forecast and reclaim notices: the same scaling, research warned
-    /// before preemption.
-    NightshiftNotice,
 }
 
 impl ScalingPolicy {
@@ -33,8 +39,8 @@ impl ScalingPolicy {
         ScalingPolicy::NightWindow,
         ScalingPolicy::KedaPrometheus,
         ScalingPolicy::Nightshift,
+        ScalingPolicy::NightshiftWithoutNotices,
         ScalingPolicy::NightshiftForecast,
-        ScalingPolicy::NightshiftNotice,
     ];
 
     /// Whether the policy scales on nightshift's demand (and lends with its headroom).
@@ -42,16 +48,21 @@ impl ScalingPolicy {
         matches!(
             self,
             ScalingPolicy::Nightshift
+                | ScalingPolicy::NightshiftWithoutNotices
                 | ScalingPolicy::NightshiftForecast
-                | ScalingPolicy::NightshiftNotice
         )
     }
 
     /// Whether the policy adds the daily forecast to nightshift's demand.
     pub fn forecasts(self) -> bool {
+        self == ScalingPolicy::NightshiftForecast
+    }
+
+    /// Whether research the next replicas would displace is warned first (reclaim notices).
+    pub fn notices(self) -> bool {
         matches!(
             self,
-            ScalingPolicy::NightshiftForecast | ScalingPolicy::NightshiftNotice
+            ScalingPolicy::Nightshift | ScalingPolicy::NightshiftForecast
         )
     }
 
@@ -61,8 +72,8 @@ impl ScalingPolicy {
             ScalingPolicy::NightWindow => "night window",
             ScalingPolicy::KedaPrometheus => "KEDA prometheus waiting",
             ScalingPolicy::Nightshift => "nightshift",
+            ScalingPolicy::NightshiftWithoutNotices => "nightshift without notices",
             ScalingPolicy::NightshiftForecast => "nightshift + forecast",
-            ScalingPolicy::NightshiftNotice => "nightshift + forecast + notice",
         }
     }
 }
@@ -362,6 +373,30 @@ mod tests {
         let mut h = hpa();
         assert_eq!(h.desired(0.0, 16, Some(1e9), 5.0), 16, "max replicas");
         assert_eq!(h.desired(15.0, 5, None, 5.0), 5, "no metric, no change");
+    }
+
+    #[test]
+    fn notices_and_forecast_are_properties_of_the_nightshift_policies() {
+        let with = |p: fn(ScalingPolicy) -> bool| -> Vec<&str> {
+            ScalingPolicy::ALL
+                .into_iter()
+                .filter(|&k| p(k))
+                .map(ScalingPolicy::label)
+                .collect()
+        };
+        assert_eq!(
+            with(ScalingPolicy::is_nightshift),
+            [
+                "nightshift",
+                "nightshift without notices",
+                "nightshift + forecast"
+            ]
+        );
+        assert_eq!(
+            with(ScalingPolicy::notices),
+            ["nightshift", "nightshift + forecast"]
+        );
+        assert_eq!(with(ScalingPolicy::forecasts), ["nightshift + forecast"]);
     }
 
     #[test]

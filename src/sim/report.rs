@@ -91,8 +91,8 @@ fn notice_lines(r: &Report) -> String {
     let mut out = String::new();
     let find = |policy| r.policies.iter().find(|p| p.policy == policy);
     let (Some(plain), Some(noticed)) = (
-        find(ScalingPolicy::NightshiftForecast),
-        find(ScalingPolicy::NightshiftNotice),
+        find(ScalingPolicy::NightshiftWithoutNotices),
+        find(ScalingPolicy::Nightshift),
     ) else {
         return out;
     };

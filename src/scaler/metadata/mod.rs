@@ -26,29 +26,23 @@ use crate::{
     },
 };
 
+// The defaults a trigger shares with the simulator live in `core`, which both build on.
+pub use crate::core::{
+    demand::{DEFAULT_RATE_WINDOW, LEARNED_WAITING_TARGET},
+    forecast::DEFAULT_FORECAST_LEAD,
+};
+
 /// Default bound on one upstream request: well inside KEDA's polling interval, and long enough
 /// for a loaded Prometheus answering a grouped query.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Upper bound accepted for `timeout`: KEDA has no per-call deadline, so an upstream slower than
 /// this would stall scaling decisions; failing (and letting `fallback` apply) is better.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
-/// Default window for token rates: four Prometheus scrapes at the usual 15 s interval, the
-/// minimum for a stable `rate()`.
-pub const DEFAULT_RATE_WINDOW: Duration = Duration::from_secs(60);
 /// Upper bound accepted for `rateWindow`: an hour-long rate no longer follows load at all.
 const MAX_RATE_WINDOW: Duration = Duration::from_secs(3600);
-/// Default `forecastLead`: a vLLM replica's typical start-up with its weights cached on the
-/// node (image present, model loaded, CUDA graphs captured), so the replica asked for ahead of
-/// a daily ramp is serving when the ramp arrives.
-pub const DEFAULT_FORECAST_LEAD: Duration = Duration::from_secs(180);
 /// Upper bound accepted for `forecastLead`: looking further ahead holds replicas for a ramp an
 /// hour away, which is lending capacity to nobody; no replica starts that slowly.
 const MAX_FORECAST_LEAD: Duration = Duration::from_secs(3600);
-
-/// `waitingTarget` of a trigger with learned capacity that sets none: vLLM production-stack's
-/// default of 5 waiting requests per replica, so the service scales on its queue before any
-/// capacity is learned (which is what produces the first saturated samples).
-pub const LEARNED_WAITING_TARGET: f64 = 5.0;
 
 /// Keys KEDA reads for its own connection to the scaler; they reach us too and are ignored.
 const KEDA_KEYS: &[&str] = &[
