@@ -230,6 +230,8 @@ pub struct RunSummary {
     pub preempted_after_checkpoint: u64,
     pub preempted_during_checkpoint: u64,
     pub preempted_without_notice: u64,
+    /// Of those, preempted while other jobs held notices (the predictor named others).
+    pub preempted_in_place_of_warned: u64,
     /// Seconds from notice to preemption (preempted jobs that had a notice).
     pub notice_lead_p50_s: f64,
     pub notice_lead_p99_s: f64,
@@ -271,6 +273,7 @@ impl RunSummary {
             preempted_after_checkpoint: 0,
             preempted_during_checkpoint: 0,
             preempted_without_notice: 0,
+            preempted_in_place_of_warned: 0,
             notice_lead_p50_s: 0.0,
             notice_lead_p99_s: 0.0,
             notice_checkpoint_gpu_hours: 0.0,
@@ -837,6 +840,7 @@ impl<'a> PolicyRun<'a> {
         result.notices_completed = stats.notices_completed;
         result.preempted_after_checkpoint = stats.preempted_after_checkpoint;
         result.preempted_during_checkpoint = stats.preempted_during_checkpoint;
+        result.preempted_in_place_of_warned = stats.preempted_in_place_of_warned;
         result.preempted_without_notice = stats.preemptions
             - stats.preempted_after_checkpoint
             - stats.preempted_during_checkpoint;

@@ -109,6 +109,9 @@ pub struct ResearchStats {
     /// short), and caught writing one that cannot end within the grace period (lost).
     pub preempted_after_checkpoint: u64,
     pub preempted_during_checkpoint: u64,
+    /// Preemptions without notice while other jobs held notices: the predictor named others.
+    /// (The rest of the unwarned came before any notice: demand outran the notice.)
+    pub preempted_in_place_of_warned: u64,
     /// GPU-seconds jobs spent writing notice checkpoints (no training meanwhile), completed or
     /// not; included in `lost_gpu_s`.
     pub notice_checkpoint_gpu_s: f64,
@@ -169,7 +172,16 @@ impl Pool {
                 node.inference += gpus;
                 return Placement::Bound(n);
             }
-            return Placement::Nominated(n);
+            // While its victims terminate the pod waits for them; once none is left and it
+            // still does not fit, the scheduler drops the nomination and decides again.
+            if self
+                .jobs
+                .iter()
+                .any(|j| j.node == n && j.leaves_at.is_some())
+            {
+                return Placement::Nominated(n);
+            }
+            self.unclaim(n, gpus);
         }
         let pod = Incoming {
             gpus,
@@ -205,7 +217,8 @@ impl Pool {
             .nodes
             .iter()
             .map(|n| scheduler::Node {
-                free: n.unclaimed(),
+                free: i64::from(n.total)
+                    - i64::from(n.inference + n.research + n.terminating + n.claimed),
                 pods: Vec::new(),
             })
             .collect();
@@ -319,6 +332,9 @@ impl Pool {
         };
         self.stats.lost_gpu_s += (job.progress - saved) * g + hold * g;
         self.stats.preemptions += 1;
+        if job.notice_at.is_none() && self.jobs.iter().any(|j| j.notice_at.is_some()) {
+            self.stats.preempted_in_place_of_warned += 1;
+        }
         if let Some(at) = job.notice_at {
             self.stats.lead_times_s.push(now - at);
             if job.writing.is_some_and(|w| w.done_at > now + grace) {
@@ -539,6 +555,31 @@ mod tests {
             pool.place_inference(4, None, 30.0),
             Placement::Unschedulable
         );
+    }
+
+    #[test]
+    fn gpus_promised_to_a_nominated_pod_are_not_promised_twice() {
+        let mut pool = Pool::new(1, 8, research());
+        pool.tick_research(0.0, 0.0, 0); // two 4-GPU jobs
+        assert_eq!(pool.place_inference(4, None, 0.0), Placement::Nominated(0));
+        // The first victim's GPUs are the first pod's: the second pod needs the other job.
+        assert_eq!(pool.place_inference(4, None, 0.0), Placement::Nominated(0));
+        assert_eq!(pool.stats.preemptions, 2);
+        pool.tick_research(30.0, 30.0, 0);
+        assert_eq!(pool.place_inference(4, Some(0), 30.0), Placement::Bound(0));
+        assert_eq!(pool.place_inference(4, Some(0), 30.0), Placement::Bound(0));
+    }
+
+    #[test]
+    fn a_nominated_pod_with_no_victim_left_to_wait_for_is_scheduled_again() {
+        let mut pool = Pool::new(2, 4, research());
+        pool.tick_research(0.0, 0.0, 0); // one 4-GPU job per node
+        // Nominated to node 1 with nothing leaving there: preempted afresh.
+        assert_eq!(
+            pool.place_inference(4, Some(1), 0.0),
+            Placement::Nominated(0)
+        );
+        assert_eq!(pool.stats.preemptions, 1);
     }
 
     /// One 4-GPU job on a 4-GPU node, run for 1000 s (periodic checkpoint at 600 s), then

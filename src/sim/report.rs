@@ -96,28 +96,33 @@ fn notice_lines(r: &Report) -> String {
     ) else {
         return out;
     };
-    let cut = if plain.lost_gpu_hours > 0.0 {
-        (1.0 - noticed.lost_gpu_hours / plain.lost_gpu_hours) * 100.0
-    } else {
-        0.0
+    let change = |before: f64, after: f64| {
+        if before <= 0.0 {
+            return "n/a".to_string();
+        }
+        let pct = (after / before - 1.0) * 100.0;
+        let word = if pct <= 0.0 { "less" } else { "more" };
+        format!("{:.0} % {word}", pct.abs())
     };
     let _ = writeln!(
         out,
-        "reclaim notice: lost {:.1} → {:.1} GPU-h ({cut:.0} % less; {:.1} GPU-h of it writing notice \
-         checkpoints); {} notices: {} came true, {} withdrawn; preemptions {} → {}: {} under notice, \
-         {} of them mid-checkpoint, {} without notice; lead time p50 {:.0} s, p99 {:.0} s; SLO \
-         minutes {:.2} % → {:.2} % ({} → {} over)",
+        "reclaim notice: lent {:.0} → {:.0} GPU-h ({}); lost {:.1} → {:.1} GPU-h ({}; {:.1} GPU-h \
+         of it writing notice checkpoints); useful {:.0} → {:.0} GPU-h ({}); preemptions {} → {} \
+         ({} of them mid-checkpoint); lead time p50 {:.0} s, p99 {:.0} s; SLO minutes {:.2} % → \
+         {:.2} % ({} → {} over)",
+        plain.lent_gpu_hours,
+        noticed.lent_gpu_hours,
+        change(plain.lent_gpu_hours, noticed.lent_gpu_hours),
         plain.lost_gpu_hours,
         noticed.lost_gpu_hours,
+        change(plain.lost_gpu_hours, noticed.lost_gpu_hours),
         noticed.notice_checkpoint_gpu_hours,
-        noticed.notices,
-        noticed.preempted_after_checkpoint + noticed.preempted_during_checkpoint,
-        noticed.notices_withdrawn,
+        plain.useful_gpu_hours,
+        noticed.useful_gpu_hours,
+        change(plain.useful_gpu_hours, noticed.useful_gpu_hours),
         plain.preemptions,
         noticed.preemptions,
-        noticed.preempted_after_checkpoint + noticed.preempted_during_checkpoint,
         noticed.preempted_during_checkpoint,
-        noticed.preempted_without_notice,
         noticed.notice_lead_p50_s,
         noticed.notice_lead_p99_s,
         plain.minutes_within_slo_share * 100.0,
@@ -141,12 +146,16 @@ fn predictor(r: &Report) -> String {
             .saturating_sub(came_true + p.notices_withdrawn + p.notices_completed);
         let _ = writeln!(
             out,
-            "notice predictor ({}): {} preemptions: {} warned first, {} unwarned; {} notices: {} \
-             came true, {} withdrawn, {} outlived by their job, {} open at the end",
+            "notice predictor ({}): {} preemptions: {} warned first, {} unwarned ({} while other \
+             jobs held the notices, {} with none out); {} notices: {} came true, {} withdrawn, {} \
+             outlived by their job, {} open at the end",
             p.label,
             p.preemptions,
             came_true,
             p.preempted_without_notice,
+            p.preempted_in_place_of_warned,
+            p.preempted_without_notice
+                .saturating_sub(p.preempted_in_place_of_warned),
             p.notices,
             came_true,
             p.notices_withdrawn,

@@ -39,7 +39,9 @@ pub struct Bound<Id> {
 /// holds, and its bound pods.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node<Id> {
-    pub free: u32,
+    /// Allocatable GPUs less those of its bound pods and of the pods nominated to it: negative
+    /// while nominated pods wait for GPUs bound pods still hold.
+    pub free: i64,
     pub pods: Vec<Bound<Id>>,
 }
 
@@ -64,7 +66,8 @@ pub enum Decision<Id> {
 /// Decides where `pod` goes on `nodes`. When several nodes fit without preemption the first is
 /// taken (the scheduler's scores for CPU and memory do not separate GPU nodes in this model).
 pub fn schedule<Id: Clone>(nodes: &[Node<Id>], pod: Incoming) -> Decision<Id> {
-    if let Some(n) = nodes.iter().position(|node| node.free >= pod.gpus) {
+    let need = i64::from(pod.gpus);
+    if let Some(n) = nodes.iter().position(|node| node.free >= need) {
         return Decision::Bind(n);
     }
     let best = nodes
@@ -96,8 +99,9 @@ fn victims_on<Id: Clone>(node: &Node<Id>, pod: Incoming) -> Option<Victims<Id>> 
         .iter()
         .filter(|p| p.priority < pod.priority)
         .collect();
-    let mut room = node.free + lower.iter().map(|p| p.gpus).sum::<u32>();
-    if room < pod.gpus {
+    let need = i64::from(pod.gpus);
+    let mut room = node.free + lower.iter().map(|p| i64::from(p.gpus)).sum::<i64>();
+    if room < need {
         return None;
     }
     lower.sort_by(|a, b| more_important(a, b));
@@ -108,8 +112,8 @@ fn victims_on<Id: Clone>(node: &Node<Id>, pod: Incoming) -> Option<Victims<Id>> 
         violations: 0,
     };
     for p in guarded.into_iter().chain(unguarded) {
-        if room - p.gpus >= pod.gpus {
-            room -= p.gpus;
+        if room - i64::from(p.gpus) >= need {
+            room -= i64::from(p.gpus);
         } else {
             victims.violations += usize::from(p.guarded);
             victims.pods.push(p.clone());
@@ -169,7 +173,7 @@ mod tests {
         }
     }
 
-    fn node(free: u32, pods: Vec<Bound<u32>>) -> Node<u32> {
+    fn node(free: i64, pods: Vec<Bound<u32>>) -> Node<u32> {
         Node { free, pods }
     }
 
@@ -291,7 +295,7 @@ mod tests {
     proptest::proptest! {
         #[test]
         fn victims_are_lower_priority_and_leave_exactly_enough(
-            free in proptest::collection::vec(0u32..8, 1..5),
+            free in proptest::collection::vec(-4i64..8, 1..5),
             pods in proptest::collection::vec(
                 (0usize..5, 1u32..5, -3i32..2, 0.0f64..100.0, proptest::bool::ANY), 0..20),
             gpus in 1u32..9,
@@ -303,23 +307,24 @@ mod tests {
                 nodes[at % n].pods.push(Bound { id: i, gpus: g, priority: prio * 1000, started, guarded });
             }
             let incoming = Incoming { gpus, priority: 0 };
+            let gpus = i64::from(gpus);
             match schedule(&nodes, incoming) {
                 Decision::Bind(at) => proptest::prop_assert!(nodes[at].free >= gpus),
                 Decision::Unschedulable => {
                     for node in &nodes {
-                        let lower: u32 = node.pods.iter().filter(|p| p.priority < 0).map(|p| p.gpus).sum();
+                        let lower: i64 = node.pods.iter().filter(|p| p.priority < 0).map(|p| i64::from(p.gpus)).sum();
                         proptest::prop_assert!(node.free + lower < gpus);
                     }
                 }
                 Decision::Preempt { node, victims } => {
                     let at = &nodes[node];
                     proptest::prop_assert!(at.free < gpus);
-                    let freed: u32 = at.pods.iter().filter(|p| victims.contains(&p.id)).map(|p| p.gpus).sum();
+                    let freed: i64 = at.pods.iter().filter(|p| victims.contains(&p.id)).map(|p| i64::from(p.gpus)).sum();
                     proptest::prop_assert!(at.free + freed >= gpus, "not enough room made");
                     for p in at.pods.iter().filter(|p| victims.contains(&p.id)) {
                         proptest::prop_assert!(p.priority < 0, "a victim of equal or higher priority");
                         // Minimal: sparing any one victim would leave too little room.
-                        proptest::prop_assert!(at.free + freed - p.gpus < gpus, "a victim could have stayed");
+                        proptest::prop_assert!(at.free + freed - i64::from(p.gpus) < gpus, "a victim could have stayed");
                     }
                 }
             }

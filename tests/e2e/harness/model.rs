@@ -100,7 +100,7 @@ pub async fn read(client: &kube::Client, nodes: &[&str]) -> Result<View> {
         let used: u32 = bound.iter().map(|b| b.gpus).sum();
         view.names.push(name.to_string());
         view.nodes.push(scheduler::Node {
-            free: allocatable.saturating_sub(used),
+            free: i64::from(allocatable) - i64::from(used),
             pods: bound,
         });
     }
