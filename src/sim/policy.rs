@@ -25,6 +25,11 @@ pub enum ScalingPolicy {
     /// nightshift with the forecast and reclaim notices: the same scaling, research warned
     /// before preemption.
     NightshiftNotice,
+    /// The honest ceiling's schedule replayed ([`super::ceiling`]); not one of [`Self::ALL`].
+    CeilingReplay,
+    /// The night window chosen with hindsight on the trace ([`super::hindsight`]); not one of
+    /// [`Self::ALL`].
+    NightWindowHindsight,
 }
 
 impl ScalingPolicy {
@@ -63,6 +68,8 @@ impl ScalingPolicy {
             ScalingPolicy::Nightshift => "nightshift",
             ScalingPolicy::NightshiftForecast => "nightshift + forecast",
             ScalingPolicy::NightshiftNotice => "nightshift + forecast + notice",
+            ScalingPolicy::CeilingReplay => "honest ceiling (replayed)",
+            ScalingPolicy::NightWindowHindsight => "night window (hindsight)",
         }
     }
 }
