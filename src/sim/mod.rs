@@ -257,7 +257,7 @@ fn referee(
     }
     enum Done {
         Replay(Box<RunOutcome>),
-        Window(hindsight::WindowBest),
+        Window(Box<hindsight::WindowBest>),
     }
     let windows = if with_hindsight {
         hindsight::grid()
@@ -278,16 +278,16 @@ fn referee(
             trace,
             envelope,
         ))),
-        Work::Window(w) => {
-            Done::Window(hindsight::search_window(scenario, trace, envelope, bar, w))
-        }
+        Work::Window(w) => Done::Window(Box::new(hindsight::search_window(
+            scenario, trace, envelope, bar, w,
+        ))),
     })?;
     let mut replay = None;
     let mut bests = Vec::new();
     for d in done {
         match d {
             Done::Replay(o) => replay = Some(*o),
-            Done::Window(b) => bests.push(b),
+            Done::Window(b) => bests.push(*b),
         }
     }
     tracing::debug!(
