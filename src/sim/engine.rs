@@ -15,6 +15,7 @@ use super::{
     fleet::{self, Observer, Perf, Queued, Replica},
     policy::{self, Hpa, ScalingPolicy},
     pool::{Placement, Pool},
+    slo,
     trace::{Arrivals, Envelope, Trace},
 };
 use crate::core::capacity::{CapacityConfig, LearnedCapacity};
@@ -112,19 +113,12 @@ impl Recorder {
         }
     }
 
-    /// Closes a minute: it misses the SLO when the p99 wait of the requests started in it is
-    /// above the target, or when the oldest still-waiting request already waited longer.
+    /// Closes a minute, judged by the SLO's one definition ([`slo::minute_within_slo`]): the
+    /// p99 wait of the requests started in it, and the oldest request still waiting.
     fn close_minute(&mut self, oldest_waiting: f64) -> bool {
         self.minutes += 1;
-        let mut p99 = 0.0f64;
-        if !self.minute_waits.is_empty() {
-            let n = self.minute_waits.len();
-            let k = ((0.99 * n as f64).ceil() as usize).clamp(1, n) - 1;
-            let (_, v, _) = self.minute_waits.select_nth_unstable_by(k, f32::total_cmp);
-            p99 = f64::from(*v);
-            self.minute_waits.clear();
-        }
-        let ok = p99 <= self.slo && oldest_waiting <= self.slo;
+        let ok = slo::minute_within_slo(&mut self.minute_waits, oldest_waiting, self.slo);
+        self.minute_waits.clear();
         if !ok {
             self.minutes_over += 1;
         }
@@ -315,10 +309,59 @@ pub fn run_policy(
     envelope: &Envelope,
     record_decisions: bool,
 ) -> RunOutcome {
+    let run = PolicyRun::new(policy, sc, trace, envelope, record_decisions, &[]);
+    drive(run, u64::MAX).unwrap_or_else(|run| run.finish())
+}
+
+/// Replays a schedule of replicas, one count per minute (the last one on past its end), through
+/// the scenario: the honest ceiling's held replicas ([`super::ceiling`]), as
+/// [`ScalingPolicy::CeilingReplay`].
+pub fn run_schedule(
+    replicas: &[u32],
+    sc: &Scenario,
+    trace: &Trace,
+    envelope: &Envelope,
+) -> RunOutcome {
+    let run = PolicyRun::new(
+        ScalingPolicy::CeilingReplay,
+        sc,
+        trace,
+        envelope,
+        false,
+        replicas,
+    );
+    drive(run, u64::MAX).unwrap_or_else(|run| run.finish())
+}
+
+/// Runs one policy through the scenario unless more than `most_over` of its minutes miss the
+/// SLO: `None` as soon as one more does (the rest of the run is not simulated).
+pub fn run_within(
+    policy: ScalingPolicy,
+    sc: &Scenario,
+    trace: &Trace,
+    envelope: &Envelope,
+    most_over: u64,
+) -> Option<RunOutcome> {
+    let run = PolicyRun::new(policy, sc, trace, envelope, false, &[]);
+    drive(run, most_over).ok()
+}
+
+/// Steps a run to its end, or until more than `most_over` minutes missed the SLO (`Err`: the
+/// run as far as it went).
+fn drive(mut run: PolicyRun<'_>, most_over: u64) -> Result<RunOutcome, Box<PolicyRun<'_>>> {
     let started = std::time::Instant::now();
-    let mut run = PolicyRun::new(policy, sc, trace, envelope, record_decisions);
+    let policy = run.policy;
     for k in 0..run.steps {
         run.step(k);
+        if run.rec.minutes_over > most_over {
+            tracing::debug!(
+                policy = policy.label(),
+                at_s = (k + 1) as f64 * run.dt,
+                elapsed_s = started.elapsed().as_secs_f64(),
+                "policy run stopped: too many minutes over the SLO"
+            );
+            return Err(Box::new(run));
+        }
     }
     let learned = run.capacity.as_ref().and_then(LearnedCapacity::per_replica);
     let outcome = run.finish();
@@ -329,7 +372,7 @@ pub fn run_policy(
         elapsed_s = started.elapsed().as_secs_f64(),
         "policy run finished"
     );
-    outcome
+    Ok(outcome)
 }
 
 /// The minute being accumulated for the timeline.
@@ -359,6 +402,8 @@ struct PolicyRun<'a> {
     /// GPUs kept free of research (nightshift only).
     headroom: u32,
     record_decisions: bool,
+    /// Replicas per minute of a schedule-following run ([`ScalingPolicy::CeilingReplay`]).
+    schedule: &'a [u32],
 
     arrivals: Peekable<Arrivals<'a>>,
     queue: VecDeque<Queued>,
@@ -405,13 +450,15 @@ impl<'a> PolicyRun<'a> {
         trace: &'a Trace,
         envelope: &'a Envelope,
         record_decisions: bool,
+        schedule: &'a [u32],
     ) -> PolicyRun<'a> {
         let dt = sc.run.step_s;
         let end = sc.run.days * 86_400.0;
         let ns = &sc.policies.nightshift;
         let mut pool = Pool::new(sc.pool.nodes, sc.pool.gpus_per_node, sc.research.clone());
         let pool_gpus = pool.total_gpus();
-        let desired = fixed_replicas(policy, sc, 0.0).unwrap_or(sc.autoscaling.initial_replicas);
+        let desired =
+            fixed_replicas(policy, sc, schedule, 0.0).unwrap_or(sc.autoscaling.initial_replicas);
         let pods = warm_start(&mut pool, desired, sc.model.gpus_per_replica);
         let history_len = history_len(sc);
         PolicyRun {
@@ -430,6 +477,7 @@ impl<'a> PolicyRun<'a> {
                 0
             },
             record_decisions,
+            schedule,
             arrivals: Arrivals::new(trace, envelope, sc.run.seed).peekable(),
             queue: VecDeque::new(),
             pool,
@@ -573,7 +621,7 @@ impl<'a> PolicyRun<'a> {
     /// Policy decision: a fixed schedule, or the HPA on the policy's metric.
     fn decide_replicas(&mut self, t1: f64, current: u32) {
         let before = self.desired;
-        match fixed_replicas(self.policy, self.sc, t1) {
+        match fixed_replicas(self.policy, self.sc, self.schedule, t1) {
             Some(r) => self.desired = r,
             None => self.autoscale(t1, current),
         }
@@ -881,12 +929,18 @@ fn quantile(values: &[f64], q: f64) -> f64 {
     values[rank - 1]
 }
 
-/// Replicas a fixed-schedule policy runs at `t` (`None`: the policy autoscales).
-fn fixed_replicas(policy: ScalingPolicy, sc: &Scenario, t: f64) -> Option<u32> {
+/// Replicas a fixed-schedule policy runs at `t` (`None`: the policy autoscales). `schedule` is
+/// a schedule-following run's replicas per minute.
+fn fixed_replicas(policy: ScalingPolicy, sc: &Scenario, schedule: &[u32], t: f64) -> Option<u32> {
     match policy {
         ScalingPolicy::StaticPeak => Some(sc.policies.static_peak.replicas),
-        ScalingPolicy::NightWindow => {
+        ScalingPolicy::NightWindow | ScalingPolicy::NightWindowHindsight => {
             Some(policy::night_window_replicas(&sc.policies.night_window, t))
+        }
+        ScalingPolicy::CeilingReplay => {
+            let minute = (t.max(0.0) / 60.0).floor() as usize;
+            let held = schedule.get(minute).or(schedule.last()).copied();
+            Some(held.unwrap_or(sc.autoscaling.max_replicas))
         }
         ScalingPolicy::KedaPrometheus
         | ScalingPolicy::Nightshift

@@ -15,10 +15,12 @@ pub mod ceiling;
 pub mod config;
 pub mod engine;
 pub mod fleet;
+pub mod hindsight;
 pub mod policy;
 pub mod pool;
 pub mod report;
 pub mod scheduler;
+pub mod slo;
 pub mod trace;
 
 use std::path::PathBuf;
@@ -27,7 +29,7 @@ use clap::Args;
 
 use self::{
     config::Scenario,
-    engine::{RunOutcome, run_policy},
+    engine::{RunOutcome, run_policy, run_schedule},
     policy::ScalingPolicy,
     report::Report,
     trace::{Envelope, Trace, TraceError},
@@ -98,6 +100,11 @@ pub struct SimArgs {
     /// Print the effective scenario as TOML and exit.
     #[arg(long, env = "NIGHTSHIFT_SIM_PRINT_CONFIG")]
     pub print_config: bool,
+
+    /// Also choose the night window with hindsight (a sweep of windows and night replicas on
+    /// this trace, about 40 more runs) and compare every policy with it.
+    #[arg(long, env = "NIGHTSHIFT_SIM_HINDSIGHT")]
+    pub hindsight: bool,
 }
 
 /// Runs `nightshift simulate`: prints the table (or JSON) and writes the chart.
@@ -110,6 +117,7 @@ pub fn run(args: SimArgs) -> Result<(), SimError> {
         json,
         chart,
         print_config,
+        hindsight,
     } = args;
     let mut scenario = match &config {
         Some(path) => {
@@ -136,7 +144,7 @@ pub fn run(args: SimArgs) -> Result<(), SimError> {
     }
     let trace = Trace::read(&trace)?;
     let started = std::time::Instant::now();
-    let report = simulate(&scenario, &trace)?;
+    let report = simulate(&scenario, &trace, hindsight)?;
     tracing::info!(
         elapsed_s = started.elapsed().as_secs_f64(),
         days = scenario.run.days,
@@ -159,9 +167,10 @@ pub fn run(args: SimArgs) -> Result<(), SimError> {
     Ok(())
 }
 
-/// Runs every policy through the scenario and computes its honest ceiling (on several threads;
-/// results do not depend on it).
-pub fn simulate(scenario: &Scenario, trace: &Trace) -> Result<Report, SimError> {
+/// Runs every policy through the scenario, computes its honest ceiling and replays it, and (with
+/// `hindsight`) chooses the night window with hindsight ([`hindsight`]), on several threads;
+/// results do not depend on them.
+pub fn simulate(scenario: &Scenario, trace: &Trace, hindsight: bool) -> Result<Report, SimError> {
     scenario.validate().map_err(SimError::Invalid)?;
     let envelope = Envelope::new(&scenario.envelope.hourly)
         .and_then(|e| e.with_weekly(&scenario.envelope.weekly))
@@ -186,13 +195,35 @@ pub fn simulate(scenario: &Scenario, trace: &Trace) -> Result<Report, SimError> 
     };
     demand::compute(&probe, &scenario.policies.nightshift.targets()).map_err(SimError::Targets)?;
 
-    let (ceiling, outcomes) = run_in_parallel(scenario, trace, &envelope)?;
+    let (ceiling, mut outcomes) = run_in_parallel(scenario, trace, &envelope)?;
+    let static_peak = match outcomes
+        .iter()
+        .position(|o| o.result.policy == ScalingPolicy::StaticPeak)
+    {
+        Some(i) => i,
+        None => {
+            let kind = ScalingPolicy::StaticPeak;
+            outcomes.push(run_policy(kind, scenario, trace, &envelope, false));
+            outcomes.len() - 1
+        }
+    };
+    let bar = slo::bar(outcomes[static_peak].result.minutes_within_slo_share);
+    let (replay, chosen) = referee(scenario, trace, &envelope, &ceiling, bar, hindsight)?;
+    let chosen = match chosen {
+        Some(bests) => hindsight::pick(scenario, bests, &outcomes[static_peak], bar),
+        None => None,
+    };
+    outcomes.push(replay);
+    let window = chosen.map(|(window, outcome)| {
+        outcomes.push(outcome);
+        window
+    });
+
     let gpr = scenario.model.gpus_per_replica;
     let outcomes: Vec<_> = outcomes
         .into_iter()
         .map(|o| o.against_ceiling(&ceiling, gpr))
         .collect();
-
     let first = &outcomes[0];
     Ok(Report {
         model: scenario.model.name.clone(),
@@ -203,13 +234,121 @@ pub fn simulate(scenario: &Scenario, trace: &Trace) -> Result<Report, SimError> 
         ideal_idle_gpu_hours: first.ideal_idle_gpu_hours,
         ceiling_idle_gpu_hours: ceiling.idle_gpu_hours,
         slo_queue_wait_p99_s: scenario.slo.queue_wait_p99_s,
+        slo_bar_share: bar,
+        hindsight: window,
         trace_requests: trace.requests.len(),
         timelines: outcomes.iter().map(|o| o.timeline.clone()).collect(),
         policies: outcomes.into_iter().map(|o| o.result).collect(),
     })
 }
 
-/// One piece of a simulation's work.
+/// The second round of work, once the ceiling and the bar are known: the ceiling's schedule
+/// replayed, and each window of the hindsight grid searched (when asked for), on as many
+/// threads as the machine has.
+fn referee(
+    scenario: &Scenario,
+    trace: &Trace,
+    envelope: &Envelope,
+    ceiling: &ceiling::Ceiling,
+    bar: f64,
+    with_hindsight: bool,
+) -> Result<(RunOutcome, Option<Vec<hindsight::WindowBest>>), SimError> {
+    enum Work {
+        Replay,
+        Window((u32, u32)),
+    }
+    enum Done {
+        Replay(Box<RunOutcome>),
+        Window(Box<hindsight::WindowBest>),
+    }
+    let windows = if with_hindsight {
+        hindsight::grid()
+    } else {
+        Vec::new()
+    };
+    // The windows' searches are the long tasks: they go first, the single replay last.
+    let tasks: Vec<Work> = windows
+        .into_iter()
+        .map(Work::Window)
+        .chain([Work::Replay])
+        .collect();
+    let started = std::time::Instant::now();
+    let done = in_parallel(&tasks, |task| match *task {
+        Work::Replay => Done::Replay(Box::new(run_schedule(
+            &ceiling.held,
+            scenario,
+            trace,
+            envelope,
+        ))),
+        Work::Window(w) => Done::Window(Box::new(hindsight::search_window(
+            scenario, trace, envelope, bar, w,
+        ))),
+    })?;
+    let mut replay = None;
+    let mut bests = Vec::new();
+    for d in done {
+        match d {
+            Done::Replay(o) => replay = Some(*o),
+            Done::Window(b) => bests.push(*b),
+        }
+    }
+    tracing::debug!(
+        elapsed_s = started.elapsed().as_secs_f64(),
+        windows = bests.len(),
+        runs = bests.iter().map(|b| b.runs).sum::<usize>(),
+        "honest ceiling replayed, hindsight window searched"
+    );
+    let replay =
+        replay.ok_or_else(|| SimError::Invalid("the ceiling's replay did not run".into()))?;
+    Ok((replay, with_hindsight.then_some(bests)))
+}
+
+/// Runs `work` on every task, on as many threads as the machine has (at most one per task),
+/// each thread taking the next task in turn; the answers come back in the tasks' order, whatever
+/// thread ran what.
+fn in_parallel<T: Sync, R: Send>(
+    tasks: &[T],
+    work: impl Fn(&T) -> R + Sync,
+) -> Result<Vec<R>, SimError> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(tasks.len())
+        .max(1);
+    let finished: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(task) = tasks.get(i) else {
+                            break;
+                        };
+                        done.push((i, work(task)));
+                    }
+                    done
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join())
+            .collect::<Result<Vec<_>, _>>()
+            .map(|parts| parts.into_iter().flatten().collect())
+    })
+    .map_err(|_| SimError::Invalid("a simulation thread panicked".into()))?;
+    let mut slots: Vec<Option<R>> = tasks.iter().map(|_| None).collect();
+    for (i, r) in finished {
+        slots[i] = Some(r);
+    }
+    slots
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| SimError::Invalid("a simulation task did not finish".into()))
+}
+
+/// One piece of a simulation's first round of work.
 #[derive(Clone, Copy)]
 enum Task {
     /// A policy's run, the `i`-th of [`ScalingPolicy::ALL`].
@@ -220,8 +359,8 @@ enum Task {
 
 /// A finished [`Task`].
 enum Done {
-    Policy(usize, Box<RunOutcome>),
-    Ceiling(usize, Vec<u32>),
+    Policy(Box<RunOutcome>),
+    Ceiling(Vec<u32>),
 }
 
 /// Runs the policies and the ceiling's chunks on as many threads as the machine has, each
@@ -241,56 +380,25 @@ fn run_in_parallel(
     // The ceiling's plan replays the arrivals once; the first thread to reach a chunk makes it,
     // while the others still run policies.
     let plan = std::sync::OnceLock::new();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let threads = std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .min(tasks.len());
     let started = std::time::Instant::now();
-    let finished: Vec<Done> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut done = Vec::new();
-                    while let Some(task) =
-                        tasks.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
-                    {
-                        done.push(match *task {
-                            Task::Policy(i) => {
-                                let kind = ScalingPolicy::ALL[i];
-                                let o = run_policy(kind, scenario, trace, envelope, false);
-                                Done::Policy(i, Box::new(o))
-                            }
-                            Task::Ceiling(i) => {
-                                let plan = plan
-                                    .get_or_init(|| ceiling::Plan::new(scenario, trace, envelope));
-                                Done::Ceiling(i, plan.judge(i))
-                            }
-                        });
-                    }
-                    done
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join())
-            .collect::<Result<Vec<_>, _>>()
-            .map(|parts| parts.into_iter().flatten().collect())
-    })
-    .map_err(|_| SimError::Invalid("a simulation thread panicked".into()))?;
-
-    let mut outcomes: Vec<Option<RunOutcome>> = ScalingPolicy::ALL.iter().map(|_| None).collect();
-    let mut parts = vec![Vec::new(); ceiling::Plan::chunks_of(scenario)];
+    let finished = in_parallel(&tasks, |task| match *task {
+        Task::Policy(i) => {
+            let kind = ScalingPolicy::ALL[i];
+            Done::Policy(Box::new(run_policy(kind, scenario, trace, envelope, false)))
+        }
+        Task::Ceiling(i) => {
+            let plan = plan.get_or_init(|| ceiling::Plan::new(scenario, trace, envelope));
+            Done::Ceiling(plan.judge(i))
+        }
+    })?;
+    let mut outcomes = Vec::new();
+    let mut parts = Vec::new();
     for done in finished {
         match done {
-            Done::Policy(i, o) => outcomes[i] = Some(*o),
-            Done::Ceiling(i, need) => parts[i] = need,
+            Done::Policy(o) => outcomes.push(*o),
+            Done::Ceiling(need) => parts.push(need),
         }
     }
-    let outcomes = outcomes
-        .into_iter()
-        .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| SimError::Invalid("a policy run did not finish".into()))?;
     let ceiling = match plan.into_inner() {
         Some(plan) => plan.ceiling(parts),
         // Only a run without minutes has no chunk.
@@ -298,7 +406,6 @@ fn run_in_parallel(
     };
     tracing::debug!(
         elapsed_s = started.elapsed().as_secs_f64(),
-        threads,
         "policies and honest ceiling computed"
     );
     Ok((ceiling, outcomes))

@@ -31,6 +31,11 @@ pub enum ScalingPolicy {
     NightshiftWithoutNotices,
     /// nightshift with the daily forecast (the trigger's `forecast: daily`), notices on.
     NightshiftForecast,
+    /// The honest ceiling's schedule replayed ([`super::ceiling`]); not one of [`Self::ALL`].
+    CeilingReplay,
+    /// The night window chosen with hindsight on the trace ([`super::hindsight`]); not one of
+    /// [`Self::ALL`].
+    NightWindowHindsight,
 }
 
 impl ScalingPolicy {
@@ -74,6 +79,8 @@ impl ScalingPolicy {
             ScalingPolicy::Nightshift => "nightshift",
             ScalingPolicy::NightshiftWithoutNotices => "nightshift without notices",
             ScalingPolicy::NightshiftForecast => "nightshift + forecast",
+            ScalingPolicy::CeilingReplay => "honest ceiling (replayed)",
+            ScalingPolicy::NightWindowHindsight => "night window (hindsight)",
         }
     }
 }

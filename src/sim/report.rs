@@ -6,7 +6,9 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::engine::{MinutePoint, RunSummary};
+use super::hindsight::Hindsight;
 use super::policy::ScalingPolicy;
+use super::slo;
 
 /// The whole comparison.
 #[derive(Clone, Debug, Serialize)]
@@ -21,9 +23,16 @@ pub struct Report {
     /// would leave idle: the most any policy could lend.
     pub ideal_idle_gpu_hours: f64,
     /// GPU-hours the honest ceiling leaves idle: the fewest replicas the fleet model needs per
-    /// minute within the SLO, started ahead of the minute they serve ([`super::ceiling`]).
+    /// minute within the SLO, started ahead of the minute they serve ([`super::ceiling`]). Its
+    /// schedule's replay is the policy row `ceilingReplay`.
     pub ceiling_idle_gpu_hours: f64,
     pub slo_queue_wait_p99_s: f64,
+    /// The share of minutes within the SLO a policy must keep on this trace: static peak's, less
+    /// half a point ([`super::slo::bar`]).
+    pub slo_bar_share: f64,
+    /// The night window chosen with hindsight (when asked for); its run is the policy row
+    /// `nightWindowHindsight`.
+    pub hindsight: Option<Hindsight>,
     pub trace_requests: usize,
     pub policies: Vec<RunSummary>,
     #[serde(skip)]
@@ -35,8 +44,13 @@ pub fn table(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:.1} days, {} GPUs ({:.0} GPU-h), {}; SLO: p99 queue wait ≤ {} s per minute",
-        r.days, r.pool_gpus, r.pool_gpu_hours, r.model, r.slo_queue_wait_p99_s
+        "{:.1} days, {} GPUs ({:.0} GPU-h), {}; SLO: p99 queue wait ≤ {} s per minute; bar: ≥ {:.2} % of minutes within it (static peak's share less 0.5 point)",
+        r.days,
+        r.pool_gpus,
+        r.pool_gpu_hours,
+        r.model,
+        r.slo_queue_wait_p99_s,
+        r.slo_bar_share * 100.0
     );
     let _ = writeln!(
         out,
@@ -45,13 +59,14 @@ pub fn table(r: &Report) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<28} {:>9} {:>8} {:>8} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7}",
+        "{:<30} {:>11} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
         "policy",
+        "useful GPUh",
         "lent GPUh",
-        "ceiling",
-        "oracle",
         "lost GPUh",
         "preempt",
+        "ceiling",
+        "oracle",
         "wait p50",
         "wait p99",
         "TTFT p50",
@@ -64,13 +79,14 @@ pub fn table(r: &Report) -> String {
     for p in &r.policies {
         let _ = writeln!(
             out,
-            "{:<28} {:>9.0} {:>7.1}% {:>7.1}% {:>9.1} {:>8} {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.2}% {:>9} {:>8} {:>7}",
+            "{:<30} {:>11.0} {:>9.0} {:>9.1} {:>8} {:>7.1}% {:>7.1}% {:>8.3}s {:>8.3}s {:>8.3}s {:>8.3}s {:>8.2}% {:>9} {:>8} {:>8}",
             p.label,
+            p.useful_gpu_hours,
             p.lent_gpu_hours,
-            p.ceiling_share * 100.0,
-            p.harvest_share * 100.0,
             p.lost_gpu_hours,
             p.preemptions,
+            p.ceiling_share * 100.0,
+            p.harvest_share * 100.0,
             p.queue_wait_p50_s,
             p.queue_wait_p99_s,
             p.ttft_p50_s,
@@ -81,8 +97,68 @@ pub fn table(r: &Report) -> String {
             p.unserved
         );
     }
+    out.push_str(&bar_lines(r));
     out.push_str(&notice_lines(r));
     out.push_str(&predictor(r));
+    out
+}
+
+/// For each policy: whether it meets the SLO bar, and its useful GPU-hours against the night
+/// window chosen with hindsight's (when there is one).
+fn bar_lines(r: &Report) -> String {
+    let mut out = String::new();
+    let window = r.hindsight.as_ref().and_then(|h| {
+        r.policies
+            .iter()
+            .find(|p| p.policy == ScalingPolicy::NightWindowHindsight)
+            .map(|p| (h, p.useful_gpu_hours))
+    });
+    match window {
+        Some((h, useful)) => {
+            let _ = writeln!(
+                out,
+                "against the bar (≥ {:.2} % of minutes) and the night window chosen with hindsight ({:02}:00–{:02}:00 at {} replicas, {} by day{}; {:.0} useful GPU-h; {} runs searched):",
+                r.slo_bar_share * 100.0,
+                h.start_hour,
+                h.end_hour,
+                h.night_replicas,
+                h.day_replicas,
+                if h.meets_bar {
+                    ""
+                } else {
+                    "; no window meets the bar, this one keeps the most minutes"
+                },
+                useful,
+                h.runs
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "against the bar (≥ {:.2} % of minutes; `--hindsight` adds the night window chosen with hindsight):",
+                r.slo_bar_share * 100.0
+            );
+        }
+    }
+    for p in &r.policies {
+        let verdict = if slo::meets(p.minutes_within_slo_share, r.slo_bar_share) {
+            "meets the bar "
+        } else {
+            "misses the bar"
+        };
+        let against = match window {
+            Some((_, w)) if w > 0.0 => format!(
+                "; {:+.1} % against the hindsight window",
+                (p.useful_gpu_hours / w - 1.0) * 100.0
+            ),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "  {:<30} {verdict}  {:>6.0} useful GPU-h{against}",
+            p.label, p.useful_gpu_hours
+        );
+    }
     out
 }
 
@@ -234,9 +310,10 @@ pub fn svg(r: &Report) -> String {
         let ys = |g: f64| y0 + PANEL_H - PANEL_H * (g / gpus).clamp(0.0, 1.0);
         let _ = writeln!(
             s,
-            r#"<text x="{LEFT}" y="{}" font-weight="bold">{} — lent {:.0} GPU-h ({:.1} % of the honest ceiling), {:.2} % of minutes within SLO</text>"#,
+            r#"<text x="{LEFT}" y="{}" font-weight="bold">{} — {:.0} useful GPU-h (lent {:.0}, {:.1} % of the honest ceiling), {:.2} % of minutes within SLO</text>"#,
             y0 - 8.0,
             p.label,
+            p.useful_gpu_hours,
             p.lent_gpu_hours,
             p.ceiling_share * 100.0,
             p.minutes_within_slo_share * 100.0
