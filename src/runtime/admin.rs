@@ -193,12 +193,11 @@ pub async fn serve_with(
     http: HttpLimits,
     shutdown: CancellationToken,
 ) {
-    let (server, what) = ("admin", "admin server");
     listen::serve_plain(
         listener,
         router,
-        server,
-        what,
+        "admin",
+        "admin server",
         max_connections,
         http,
         shutdown,

@@ -43,6 +43,11 @@ impl Node {
     fn unclaimed(&self) -> u32 {
         self.free().saturating_sub(self.claimed)
     }
+    /// GPUs neither held nor promised, negative while nominated pods wait for GPUs still held
+    /// (what the scheduler filters on).
+    fn available(&self) -> i64 {
+        i64::from(self.free()) - i64::from(self.claimed)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -174,11 +179,7 @@ impl Pool {
             }
             // While its victims terminate the pod waits for them; once none is left and it
             // still does not fit, the scheduler drops the nomination and decides again.
-            if self
-                .jobs
-                .iter()
-                .any(|j| j.node == n && j.leaves_at.is_some())
-            {
+            if node.terminating > 0 {
                 return Placement::Nominated(n);
             }
             self.unclaim(n, gpus);
@@ -217,8 +218,7 @@ impl Pool {
             .nodes
             .iter()
             .map(|n| scheduler::Node {
-                free: i64::from(n.total)
-                    - i64::from(n.inference + n.research + n.terminating + n.claimed),
+                free: n.available(),
                 pods: Vec::new(),
             })
             .collect();

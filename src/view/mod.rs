@@ -409,12 +409,11 @@ pub async fn serve_with(
     http: HttpLimits,
     shutdown: CancellationToken,
 ) {
-    let (server, what) = ("view", "researchers' view");
     listen::serve_plain(
         listener,
         router,
-        server,
-        what,
+        "view",
+        "researchers' view",
         max_connections,
         http,
         shutdown,
