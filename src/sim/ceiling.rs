@@ -59,6 +59,48 @@ pub struct Ceiling {
     pub held: Vec<u32>,
     /// GPU-hours the schedule leaves free: the most any policy could lend.
     pub idle_gpu_hours: f64,
+    /// Per service (in the services' order), its replicas held per minute: `held` is their sum.
+    pub services: Vec<Vec<u32>>,
+}
+
+impl Ceiling {
+    /// The ceiling of a pool shared by services, from each one's ceiling (each computed on the
+    /// service's own scenario; services do not slow one another): the replicas they need and
+    /// hold, added minute by minute, and what that leaves of the pool of `sc`.
+    pub fn shared(parts: Vec<Ceiling>, sc: &Scenario) -> Ceiling {
+        let minutes = parts.iter().map(|p| p.held.len()).max().unwrap_or(0);
+        let mut need = vec![0; minutes];
+        let mut held = vec![0; minutes];
+        for p in &parts {
+            for (total, n) in need.iter_mut().zip(&p.need) {
+                *total += n;
+            }
+            for (total, h) in held.iter_mut().zip(&p.held) {
+                *total += h;
+            }
+        }
+        Ceiling {
+            need,
+            idle_gpu_hours: idle_gpu_hours(&held, sc),
+            held,
+            services: parts.into_iter().flat_map(|p| p.services).collect(),
+        }
+    }
+}
+
+/// GPU-hours of the pool of `sc` that `held` replicas per minute leave free.
+fn idle_gpu_hours(held: &[u32], sc: &Scenario) -> f64 {
+    let pool_gpus = f64::from(sc.pool.nodes * sc.pool.gpus_per_node);
+    let end = sc.run.days * 86_400.0;
+    let gpr = f64::from(sc.model.gpus_per_replica);
+    held.iter()
+        .enumerate()
+        .map(|(m, h)| {
+            // The last minute may be partial.
+            let minutes = ((end - m as f64 * 60.0) / 60.0).clamp(0.0, 1.0);
+            (pool_gpus - f64::from(*h) * gpr).max(0.0) * minutes / 60.0
+        })
+        .sum()
 }
 
 /// Computes the honest ceiling of a scenario (same trace, envelope and seed as the policies), on
@@ -160,22 +202,11 @@ impl<'a> Plan<'a> {
         // Only a missing chunk (a caller's bug) leaves minutes out: they count as the full fleet.
         need.resize(self.minutes, sc.autoscaling.max_replicas.max(1));
         let held = hold_for_start_up(&need, lead_s(sc));
-        let pool_gpus = f64::from(sc.pool.nodes * sc.pool.gpus_per_node);
-        let end = sc.run.days * 86_400.0;
-        let gpr = f64::from(sc.model.gpus_per_replica);
-        let idle_gpu_hours = held
-            .iter()
-            .enumerate()
-            .map(|(m, h)| {
-                // The last minute may be partial.
-                let minutes = ((end - m as f64 * 60.0) / 60.0).clamp(0.0, 1.0);
-                (pool_gpus - f64::from(*h) * gpr).max(0.0) * minutes / 60.0
-            })
-            .sum();
         Ceiling {
             need,
+            idle_gpu_hours: idle_gpu_hours(&held, sc),
+            services: vec![held.clone()],
             held,
-            idle_gpu_hours,
         }
     }
 }
@@ -487,7 +518,7 @@ mod property {
             sc.run.seed = seed;
             // Rotate so that the three hours cover any part of the day's shape.
             sc.envelope.hourly = (0..24).map(|h| hourly[(h + start_hour) % 24]).collect();
-            let report = simulate(&sc, &trace, false).expect("valid scenario");
+            let report = simulate(&sc, &[&trace], false).expect("valid scenario");
             // (a) No policy keeping the target lends more than the ceiling leaves idle. The
             // replay is the ceiling itself: it lends what the ceiling leaves idle plus the GPUs
             // preempted research holds through its grace periods.

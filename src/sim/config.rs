@@ -20,6 +20,44 @@ pub struct Scenario {
     pub research: ResearchConfig,
     pub slo: SloConfig,
     pub policies: PoliciesConfig,
+    /// Inference services sharing the pool (none: one service, made of the sections above).
+    /// Each keeps the scenario's model, autoscaling, SLO and policies, with a trace, a day and a
+    /// token mix of its own ([`Scenario::service_scenarios`]).
+    pub services: Vec<ServiceConfig>,
+}
+
+/// One inference service of a pool shared by several: what sets it apart from the others.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServiceConfig {
+    /// Its name in reports (unique in the scenario).
+    pub name: String,
+    /// Its request trace, relative to the scenario file (none: the run's `--trace`).
+    pub trace: Option<std::path::PathBuf>,
+    /// Where its replay starts in its trace (another seed than a service sharing the trace
+    /// keeps their bursts apart).
+    pub seed: u64,
+    /// Its day and week, in the pool's clock (a service of another time zone peaks at other
+    /// hours).
+    pub envelope: EnvelopeConfig,
+    pub mix: MixConfig,
+    /// Replicas it runs at peak: static peak's size, the night window's day size, and its
+    /// ScaledObject's `maxReplicaCount`. The night window shrinks it in proportion:
+    /// ⌈`night_window.night_replicas` × `peak_replicas` / `night_window.day_replicas`⌉.
+    pub peak_replicas: u32,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        ServiceConfig {
+            name: String::new(),
+            trace: None,
+            seed: RunConfig::default().seed,
+            envelope: EnvelopeConfig::default(),
+            mix: MixConfig::default(),
+            peak_replicas: StaticPeakConfig::default().replicas,
+        }
+    }
 }
 
 /// Length, seed and time step of the run.
@@ -561,8 +599,99 @@ impl Scenario {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
     }
 
+    /// The scenario of each service, with its name: the scenario itself when it names none;
+    /// otherwise, per service, the scenario with the service's seed, envelope, mix and size
+    /// (static peak, the night window's day and night sizes, `max_replicas`) and no services.
+    /// The pool, the research, the SLO and the policies' settings stay the scenario's.
+    pub fn service_scenarios(&self) -> Vec<(String, Scenario)> {
+        if self.services.is_empty() {
+            return vec![(String::new(), self.clone())];
+        }
+        let shared = Scenario {
+            services: Vec::new(),
+            ..self.clone()
+        };
+        self.services
+            .iter()
+            .map(|s| {
+                let mut sc = shared.clone();
+                sc.run.seed = s.seed;
+                sc.envelope = s.envelope.clone();
+                sc.mix = s.mix.clone();
+                sc.policies.static_peak.replicas = s.peak_replicas;
+                sc.policies.night_window = self.night_window_of(s.peak_replicas);
+                sc.autoscaling.max_replicas = s.peak_replicas;
+                sc.autoscaling.min_replicas = sc.autoscaling.min_replicas.min(s.peak_replicas);
+                sc.autoscaling.initial_replicas = sc
+                    .autoscaling
+                    .initial_replicas
+                    .clamp(sc.autoscaling.min_replicas, s.peak_replicas);
+                (s.name.clone(), sc)
+            })
+            .collect()
+    }
+
+    /// The night window of a service of `peak` replicas in a shared pool: the scenario's hours,
+    /// its day size `peak`, its night size in proportion to the scenario's (rounded up: a
+    /// service shrunk to nothing cannot serve).
+    pub fn night_window_of(&self, peak: u32) -> NightWindowConfig {
+        let nw = &self.policies.night_window;
+        if self.services.is_empty() {
+            return nw.clone();
+        }
+        let day = nw.day_replicas.max(1);
+        let night = (u64::from(nw.night_replicas) * u64::from(peak)).div_ceil(u64::from(day));
+        NightWindowConfig {
+            night_replicas: u32::try_from(night).unwrap_or(peak).min(peak),
+            day_replicas: peak,
+            ..nw.clone()
+        }
+    }
+
     /// Checks values no model can run with.
     pub fn validate(&self) -> Result<(), String> {
+        self.validate_services()?;
+        for (_, sc) in self.service_scenarios() {
+            if !self.services.is_empty() {
+                sc.validate_one()?;
+            }
+        }
+        self.validate_one()
+    }
+
+    /// Checks the services of a shared pool: named once each, and all at their peak fitting
+    /// the pool (or static peak, the yardstick, could not run).
+    fn validate_services(&self) -> Result<(), String> {
+        let mut names = std::collections::BTreeSet::new();
+        for s in &self.services {
+            if s.name.is_empty() || !names.insert(s.name.as_str()) {
+                return Err(format!(
+                    "services: every service needs a name of its own, got {:?}",
+                    s.name
+                ));
+            }
+            if s.peak_replicas == 0 {
+                return Err(format!("services: {:?} needs peak_replicas ≥ 1", s.name));
+            }
+        }
+        let gpr = self.model.gpus_per_replica;
+        let per_node = self.pool.gpus_per_node / gpr.max(1);
+        let fits = u64::from(self.pool.nodes) * u64::from(per_node);
+        let peak: u64 = self
+            .services
+            .iter()
+            .map(|s| u64::from(s.peak_replicas))
+            .sum();
+        if peak > fits {
+            return Err(format!(
+                "services: their peaks add up to {peak} replicas; the pool holds {fits}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks the values of one service's scenario.
+    fn validate_one(&self) -> Result<(), String> {
         let positive = [
             ("run.days", self.run.days),
             ("run.step_s", self.run.step_s),
@@ -798,6 +927,82 @@ mod tests {
             let error = s.validate().expect_err(bad);
             assert!(error.contains("autoscaling.scale_"), "{error}");
         }
+    }
+
+    /// Two services on the default pool, each at half of it.
+    const TWO_SERVICES: &str = "[policies.night_window]\nnight_replicas = 3\nday_replicas = 16\n\
+        [[services]]\nname = \"chat\"\nseed = 4\npeak_replicas = 8\n\
+        [[services]]\nname = \"code\"\npeak_replicas = 5\n[services.mix]\ncontext = 2.0\n\
+        [services.envelope]\nhourly = [0.5]\n";
+
+    #[test]
+    fn each_service_is_the_scenario_with_its_own_traffic_size_and_shrunk_night() {
+        let s = Scenario::from_toml(TWO_SERVICES).expect("parses");
+        let each = s.service_scenarios();
+        let names: Vec<&str> = each.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["chat", "code"]);
+        let (_, chat) = &each[0];
+        let (_, code) = &each[1];
+        assert_eq!((chat.run.seed, code.run.seed), (4, 1));
+        assert_eq!(code.mix.context, 2.0);
+        assert_eq!(code.envelope.hourly, [0.5]);
+        assert_eq!(chat.envelope, EnvelopeConfig::default());
+        // Sized to its peak; the night window keeps its hours and shrinks in proportion,
+        // rounded up: 3 × 8 / 16 = 1.5 → 2, 3 × 5 / 16 = 0.94 → 1.
+        assert_eq!(chat.policies.static_peak.replicas, 8);
+        assert_eq!(chat.autoscaling.max_replicas, 8);
+        let nights: Vec<(u32, u32)> = [chat, code]
+            .iter()
+            .map(|sc| {
+                let nw = &sc.policies.night_window;
+                (nw.night_replicas, nw.day_replicas)
+            })
+            .collect();
+        assert_eq!(nights, [(2, 8), (1, 5)]);
+        assert_eq!(code.policies.night_window.start_hour, 20);
+        // The pool, the research and the SLO stay the scenario's; no service has services.
+        assert!(each.iter().all(|(_, sc)| sc.pool == s.pool
+            && sc.research == s.research
+            && sc.slo == s.slo
+            && sc.services.is_empty()));
+        // Without services, the scenario is its own one service.
+        let one = Scenario::default();
+        assert_eq!(one.service_scenarios(), [(String::new(), one.clone())]);
+        assert_eq!(one.night_window_of(5), one.policies.night_window);
+    }
+
+    #[test]
+    fn services_need_names_of_their_own_and_peaks_the_pool_holds() {
+        Scenario::from_toml(TWO_SERVICES)
+            .expect("parses")
+            .validate()
+            .expect("valid");
+        for (bad, says) in [
+            ("[[services]]\npeak_replicas = 2\n", "name"),
+            (
+                "[[services]]\nname = \"a\"\n[[services]]\nname = \"a\"\n",
+                "name",
+            ),
+            (
+                "[[services]]\nname = \"a\"\npeak_replicas = 0\n",
+                "peak_replicas",
+            ),
+            // The default pool holds 16 replicas of 4 GPUs.
+            (
+                "[[services]]\nname = \"a\"\npeak_replicas = 9\n\
+                 [[services]]\nname = \"b\"\npeak_replicas = 8\n",
+                "add up to 17 replicas; the pool holds 16",
+            ),
+            (
+                "[[services]]\nname = \"a\"\n[services.mix]\ngenerated = 0\n",
+                "mix.generated",
+            ),
+        ] {
+            let s = Scenario::from_toml(bad).expect("parses");
+            let error = s.validate().expect_err(bad);
+            assert!(error.contains(says), "{bad}: {error}");
+        }
+        assert!(Scenario::from_toml("[[services]]\nname = \"a\"\nreplicas = 2\n").is_err());
     }
 }
 

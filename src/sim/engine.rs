@@ -11,12 +11,13 @@ use serde::Serialize;
 
 use super::{
     ceiling::Ceiling,
-    config::{MetricSource, Scenario},
+    config::{MetricSource, NightWindowConfig, Scenario},
     fleet::{self, Observer, Perf, Queued, Replica},
     policy::{self, Hpa, ScalingPolicy},
-    pool::{Placement, Pool},
+    pool::{Placement, Pool, ResearchStats},
+    service::Service,
     slo,
-    trace::{Arrivals, Envelope, Trace},
+    trace::Arrivals,
 };
 use crate::core::capacity::{CapacityConfig, LearnedCapacity};
 use crate::core::demand::{self, Decision, PerSignal, Targets, Totals};
@@ -57,6 +58,16 @@ impl LatencyHistogram {
         match self.buckets.get_mut(i) {
             Some(b) => *b += 1,
             None => self.over += 1,
+        }
+    }
+
+    /// Adds `other`'s requests to this histogram.
+    pub fn merge(&mut self, other: &LatencyHistogram) {
+        self.zero += other.zero;
+        self.over += other.over;
+        self.count += other.count;
+        for (b, o) in self.buckets.iter_mut().zip(&other.buckets) {
+            *b += o;
         }
     }
 
@@ -231,6 +242,25 @@ pub struct RunSummary {
     pub notice_lead_p99_s: f64,
     /// GPU-hours spent writing notice checkpoints (part of the lost GPU-hours).
     pub notice_checkpoint_gpu_hours: f64,
+    /// Each service's own figures (one entry when the pool serves one service).
+    pub services: Vec<ServiceSummary>,
+}
+
+/// One service's figures in a policy's run. The run's minutes within the SLO are those of the
+/// service that kept the fewest.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceSummary {
+    pub name: String,
+    pub requests: u64,
+    /// GPU-hours its pods held (starting, serving or draining).
+    pub inference_gpu_hours: f64,
+    pub queue_wait_p99_s: f64,
+    pub ttft_p99_s: f64,
+    pub minutes_over_slo: u64,
+    pub minutes_within_slo_share: f64,
+    pub scale_events: u64,
+    pub unserved: u64,
 }
 
 impl RunSummary {
@@ -271,6 +301,7 @@ impl RunSummary {
             notice_lead_p50_s: 0.0,
             notice_lead_p99_s: 0.0,
             notice_checkpoint_gpu_hours: 0.0,
+            services: Vec::new(),
         }
     }
 }
@@ -300,36 +331,23 @@ impl RunOutcome {
     }
 }
 
-/// Runs one policy through the scenario. `record_decisions` keeps every (totals, decision)
-/// pair the nightshift policy computed, for verification.
+/// Runs one policy through the scenario, its services sharing one pool. `record_decisions`
+/// keeps every (totals, decision) pair the nightshift policy computed, for verification.
 pub fn run_policy(
     policy: ScalingPolicy,
     sc: &Scenario,
-    trace: &Trace,
-    envelope: &Envelope,
+    services: &[Service],
     record_decisions: bool,
 ) -> RunOutcome {
-    let run = PolicyRun::new(policy, sc, trace, envelope, record_decisions, &[]);
+    let run = PolicyRun::new(policy, sc, services, record_decisions, &[]);
     drive(run, u64::MAX).unwrap_or_else(|run| run.finish())
 }
 
-/// Replays a schedule of replicas, one count per minute (the last one on past its end), through
-/// the scenario: the honest ceiling's held replicas ([`super::ceiling`]), as
+/// Replays a schedule of replicas per service, one count per minute (the last one on past its
+/// end), through the scenario: the honest ceiling's held replicas ([`super::ceiling`]), as
 /// [`ScalingPolicy::CeilingReplay`].
-pub fn run_schedule(
-    replicas: &[u32],
-    sc: &Scenario,
-    trace: &Trace,
-    envelope: &Envelope,
-) -> RunOutcome {
-    let run = PolicyRun::new(
-        ScalingPolicy::CeilingReplay,
-        sc,
-        trace,
-        envelope,
-        false,
-        replicas,
-    );
+pub fn run_schedule(schedules: &[Vec<u32>], sc: &Scenario, services: &[Service]) -> RunOutcome {
+    let run = PolicyRun::new(ScalingPolicy::CeilingReplay, sc, services, false, schedules);
     drive(run, u64::MAX).unwrap_or_else(|run| run.finish())
 }
 
@@ -338,11 +356,10 @@ pub fn run_schedule(
 pub fn run_within(
     policy: ScalingPolicy,
     sc: &Scenario,
-    trace: &Trace,
-    envelope: &Envelope,
+    services: &[Service],
     most_over: u64,
 ) -> Option<RunOutcome> {
-    let run = PolicyRun::new(policy, sc, trace, envelope, false, &[]);
+    let run = PolicyRun::new(policy, sc, services, false, &[]);
     drive(run, most_over).ok()
 }
 
@@ -353,7 +370,7 @@ fn drive(mut run: PolicyRun<'_>, most_over: u64) -> Result<RunOutcome, Box<Polic
     let policy = run.policy;
     for k in 0..run.steps {
         run.step(k);
-        if run.rec.minutes_over > most_over {
+        if run.minutes_over > most_over {
             tracing::debug!(
                 policy = policy.label(),
                 at_s = (k + 1) as f64 * run.dt,
@@ -363,12 +380,19 @@ fn drive(mut run: PolicyRun<'_>, most_over: u64) -> Result<RunOutcome, Box<Polic
             return Err(Box::new(run));
         }
     }
-    let learned = run.capacity.as_ref().and_then(LearnedCapacity::per_replica);
+    for s in &run.services {
+        let learned = s.capacity.as_ref().and_then(LearnedCapacity::per_replica);
+        tracing::debug!(
+            policy = policy.label(),
+            service = s.name,
+            learned_prompt_per_replica = learned.map(|t| t.prompt),
+            learned_generated_per_replica = learned.map(|t| t.generated),
+            "service's learned capacity"
+        );
+    }
     let outcome = run.finish();
     tracing::debug!(
         policy = policy.label(),
-        learned_prompt_per_replica = learned.map(|t| t.prompt),
-        learned_generated_per_replica = learned.map(|t| t.generated),
         elapsed_s = started.elapsed().as_secs_f64(),
         "policy run finished"
     );
@@ -381,34 +405,294 @@ struct OpenMinute {
     point: MinutePoint,
     /// Control steps added so far.
     steps: f64,
-    /// Tokens (context and generated) of the requests that arrived in it.
-    tokens: f64,
 }
 
-/// One policy's run in progress: the cluster, the autoscaler and the figures collected so far.
-/// [`PolicyRun::step`] advances it by one control step.
+/// One policy's run in progress: the pool the services share, each service's part and the
+/// figures collected so far. [`PolicyRun::step`] advances it by one control step.
 struct PolicyRun<'a> {
     policy: ScalingPolicy,
-    sc: &'a Scenario,
-    perf: Perf,
-    /// GPUs per inference replica.
-    gpr: u32,
     /// Control step (s).
     dt: f64,
     end: f64,
     steps: u64,
     steps_per_minute: f64,
-    targets: demand::Targets,
     /// GPUs kept free of research (nightshift only).
     headroom: u32,
+    pool: Pool,
+    pool_gpus: u32,
+    services: Vec<ServiceRun<'a>>,
+    /// Reclaim notices (the policies with notices on), and when the pool controller next
+    /// decides them.
+    notice: Option<NoticePolicy>,
+    next_notice: f64,
+    /// Minutes closed, and the most minutes any one service missed the SLO in (the run keeps
+    /// the SLO as well as its worst-served service does).
+    minutes: u64,
+    minutes_over: u64,
+
+    result: RunSummary,
+    timeline: Vec<MinutePoint>,
+    minute: OpenMinute,
+    ideal_idle_gpu_hours: f64,
+    inference_gpu_s: f64,
+}
+
+impl<'a> PolicyRun<'a> {
+    /// The run at midnight of day 0: each service's initial replicas serving, in the services'
+    /// order, on an empty pool. `schedules` holds the replicas per minute of each service of a
+    /// schedule-following run ([`ScalingPolicy::CeilingReplay`]).
+    fn new(
+        policy: ScalingPolicy,
+        sc: &'a Scenario,
+        services: &'a [Service],
+        record_decisions: bool,
+        schedules: &'a [Vec<u32>],
+    ) -> PolicyRun<'a> {
+        let dt = sc.run.step_s;
+        let end = sc.run.days * 86_400.0;
+        let ns = &sc.policies.nightshift;
+        let mut pool = Pool::new(sc.pool.nodes, sc.pool.gpus_per_node, sc.research.clone());
+        let pool_gpus = pool.total_gpus();
+        let services = services
+            .iter()
+            .enumerate()
+            .map(|(i, service)| {
+                let schedule = schedules.get(i).map_or(&[][..], Vec::as_slice);
+                ServiceRun::new(policy, sc, service, record_decisions, schedule, &mut pool)
+            })
+            .collect();
+        PolicyRun {
+            policy,
+            dt,
+            end,
+            steps: (end / dt).ceil() as u64,
+            steps_per_minute: (60.0 / dt).max(1.0),
+            headroom: if policy.is_nightshift() {
+                ns.headroom_gpus
+            } else {
+                0
+            },
+            pool,
+            pool_gpus,
+            services,
+            notice: policy.notices().then_some(NoticePolicy {
+                window_s: ns.notice_window_s,
+                margin: ns.notice_margin,
+                hysteresis: ns.notice_hysteresis,
+            }),
+            next_notice: NOTICE_INTERVAL.as_secs_f64(),
+            minutes: 0,
+            minutes_over: 0,
+            result: RunSummary::new(policy),
+            timeline: Vec::with_capacity((end / 60.0).ceil() as usize),
+            minute: OpenMinute::default(),
+            ideal_idle_gpu_hours: 0.0,
+            inference_gpu_s: 0.0,
+        }
+    }
+
+    /// Control step `k`, which ends at `(k + 1) × dt`.
+    fn step(&mut self, k: u64) {
+        let t1 = (k + 1) as f64 * self.dt;
+        for s in &mut self.services {
+            s.admit_arrivals(t1);
+            s.serve(t1);
+            s.retire_and_start_pods(t1, &mut self.pool);
+            s.sample_metrics(t1);
+            s.decide_replicas(t1);
+        }
+        self.give_notices(t1);
+        for s in &mut self.services {
+            s.converge(t1, &mut self.pool);
+        }
+        for s in &mut self.services {
+            s.schedule_pending(t1, &mut self.pool);
+        }
+        // Research takes what is left.
+        self.pool.tick_research(t1, self.dt, self.headroom);
+        self.account(t1, k + 1 == self.steps);
+    }
+
+    /// Reclaim notices (policies with notices on), decided as the pool controller decides them:
+    /// every [`NOTICE_INTERVAL`] it evaluates each service's trigger against the replicas its
+    /// Deployment is asked for, and warns the research the services' next replicas would
+    /// displace, service after service on one view of the pool, with the live decision code.
+    fn give_notices(&mut self, t1: f64) {
+        let Some(policy) = self.notice else {
+            return;
+        };
+        if t1 < self.next_notice {
+            return;
+        }
+        self.next_notice += NOTICE_INTERVAL.as_secs_f64();
+        let wanted: Vec<(u32, u32)> = self
+            .services
+            .iter_mut()
+            .map(|s| (s.notice_extra(&policy, t1), s.gpr))
+            .collect();
+        self.pool.notice(t1, &wanted);
+    }
+
+    /// Adds this step's GPU use to the totals and the open minute; closes the minute when it is
+    /// full or the run ends.
+    fn account(&mut self, t1: f64, last_step: bool) {
+        let inference = f64::from(self.pool.inference_gpus());
+        self.inference_gpu_s += inference * self.dt;
+        for s in &mut self.services {
+            s.gpu_s += f64::from(s.gpus_held()) * self.dt;
+        }
+        self.minute.point.inference_gpus += inference as f32;
+        self.minute.point.research_gpus += self.pool.research_gpus() as f32;
+        self.minute.steps += 1.0;
+        if self.minute.steps >= self.steps_per_minute || last_step {
+            self.close_minute(t1);
+        }
+    }
+
+    /// Judges the minute against the SLO for every service (the chart marks it within when
+    /// every service is), compares it with an oracle's GPU use and adds it to the timeline.
+    fn close_minute(&mut self, t1: f64) {
+        let OpenMinute { mut point, steps } = std::mem::take(&mut self.minute);
+        let span = steps * self.dt;
+        let mut ok = true;
+        let mut ideal_gpus = 0.0;
+        for s in &mut self.services {
+            let (within, ideal) = s.close_minute(t1, span);
+            ok &= within;
+            ideal_gpus += ideal;
+        }
+        self.minutes += 1;
+        self.minutes_over = self
+            .services
+            .iter()
+            .map(|s| s.rec.minutes_over)
+            .max()
+            .unwrap_or(0);
+        point.slo_ok = ok;
+        point.inference_gpus /= steps as f32;
+        point.research_gpus /= steps as f32;
+        point.ideal_inference_gpus = ideal_gpus as f32;
+        self.ideal_idle_gpu_hours +=
+            (f64::from(self.pool_gpus) - ideal_gpus).max(0.0) * span / 3600.0;
+        self.timeline.push(point);
+    }
+
+    /// The run's figures once every step is done.
+    fn finish(self) -> RunOutcome {
+        let PolicyRun {
+            mut result,
+            pool,
+            services,
+            minutes,
+            minutes_over,
+            ideal_idle_gpu_hours,
+            inference_gpu_s,
+            pool_gpus,
+            end,
+            timeline,
+            ..
+        } = self;
+        research_figures(&mut result, pool.stats);
+        result.harvest_share = if ideal_idle_gpu_hours > 0.0 {
+            result.lent_gpu_hours / ideal_idle_gpu_hours
+        } else {
+            0.0
+        };
+        result.inference_gpu_hours = inference_gpu_s / 3600.0;
+        result.minutes = minutes;
+        result.minutes_over_slo = minutes_over;
+        result.minutes_within_slo_share = within_share(minutes, minutes_over);
+        let mut waits = LatencyHistogram::default();
+        let mut ttfts = LatencyHistogram::default();
+        let mut decisions = Vec::new();
+        for s in services {
+            waits.merge(&s.rec.waits);
+            ttfts.merge(&s.rec.ttfts);
+            let c = &s.counts;
+            result.requests += c.requests;
+            result.rejected += c.rejected;
+            result.scale_events += c.scale_events;
+            result.demand_calls += c.demand_calls;
+            result.demand_errors += c.demand_errors;
+            result.forecast_decisions += c.forecast_decisions;
+            result.unserved += s.queue.len() as u64;
+            result.services.push(s.summary());
+            decisions.extend(s.decisions);
+        }
+        result.queue_wait_p50_s = waits.quantile(0.5);
+        result.queue_wait_p99_s = waits.quantile(0.99);
+        result.ttft_p50_s = ttfts.quantile(0.5);
+        result.ttft_p99_s = ttfts.quantile(0.99);
+        RunOutcome {
+            result,
+            timeline,
+            ideal_idle_gpu_hours,
+            pool_gpu_hours: f64::from(pool_gpus) * end / 3600.0,
+            decisions,
+        }
+    }
+}
+
+/// The research figures of a run, from its pool's totals.
+fn research_figures(result: &mut RunSummary, stats: ResearchStats) {
+    result.lent_gpu_hours = stats.lent_gpu_s / 3600.0;
+    result.lost_gpu_hours = stats.lost_gpu_s / 3600.0;
+    result.useful_gpu_hours = result.lent_gpu_hours - result.lost_gpu_hours;
+    result.preemptions = stats.preemptions;
+    result.completed_jobs = stats.completed_jobs;
+    result.notices = stats.notices;
+    result.notices_withdrawn = stats.notices_withdrawn;
+    result.notices_completed = stats.notices_completed;
+    result.preempted_after_checkpoint = stats.preempted_after_checkpoint;
+    result.preempted_during_checkpoint = stats.preempted_during_checkpoint;
+    result.preempted_in_place_of_warned = stats.preempted_in_place_of_warned;
+    result.preempted_without_notice =
+        stats.preemptions - stats.preempted_after_checkpoint - stats.preempted_during_checkpoint;
+    let mut leads = stats.lead_times_s;
+    leads.sort_by(f64::total_cmp);
+    result.notice_lead_p50_s = quantile(&leads, 0.5);
+    result.notice_lead_p99_s = quantile(&leads, 0.99);
+    result.notice_checkpoint_gpu_hours = stats.notice_checkpoint_gpu_s / 3600.0;
+}
+
+/// The share of `minutes` within the SLO when `over` of them missed it (all of none).
+fn within_share(minutes: u64, over: u64) -> f64 {
+    if minutes > 0 {
+        1.0 - over as f64 / minutes as f64
+    } else {
+        1.0
+    }
+}
+
+/// What one service counts over a run.
+#[derive(Default)]
+struct Counts {
+    requests: u64,
+    rejected: u64,
+    scale_events: u64,
+    demand_calls: u64,
+    demand_errors: u64,
+    forecast_decisions: u64,
+}
+
+/// One service's part of a policy's run: its requests, its pods, their metrics and its
+/// autoscaler. The pool is the run's, lent to each method that needs it.
+struct ServiceRun<'a> {
+    name: &'a str,
+    policy: ScalingPolicy,
+    sc: &'a Scenario,
+    perf: Perf,
+    /// GPUs per inference replica.
+    gpr: u32,
+    targets: demand::Targets,
     record_decisions: bool,
     /// Replicas per minute of a schedule-following run ([`ScalingPolicy::CeilingReplay`]).
     schedule: &'a [u32],
+    /// Its night window (the night window policies).
+    night: NightWindowConfig,
 
     arrivals: Peekable<Arrivals<'a>>,
     queue: VecDeque<Queued>,
-    pool: Pool,
-    pool_gpus: u32,
     pods: Vec<ReplicaPod>,
     rec: Recorder,
 
@@ -426,62 +710,49 @@ struct PolicyRun<'a> {
     next_poll: f64,
     cached_value: Option<f64>,
 
-    /// Reclaim notices (the policies with notices on): the policy and the service's notice
-    /// state, and when the pool controller next decides them.
-    notice: Option<(NoticePolicy, Watch)>,
-    next_notice: f64,
+    /// Its reclaim-notice state (the policies with notices on).
+    watch: Option<Watch>,
     /// The trigger's learned capacity (nightshift with `learn_capacity`) and daily forecast
     /// (the forecast policies): the live scaler's code.
     capacity: Option<LearnedCapacity>,
     shape: Option<DailyShape>,
 
-    result: RunSummary,
+    counts: Counts,
     decisions: Vec<(Totals, Targets, Decision)>,
-    timeline: Vec<MinutePoint>,
-    minute: OpenMinute,
-    ideal_idle_gpu_hours: f64,
-    inference_gpu_s: f64,
+    /// Tokens (context and generated) of the requests that arrived in the open minute.
+    minute_tokens: f64,
+    /// GPU-seconds its pods held (bound: starting, serving or draining).
+    gpu_s: f64,
 }
 
-impl<'a> PolicyRun<'a> {
+impl<'a> ServiceRun<'a> {
     fn new(
         policy: ScalingPolicy,
-        sc: &'a Scenario,
-        trace: &'a Trace,
-        envelope: &'a Envelope,
+        shared: &'a Scenario,
+        service: &'a Service,
         record_decisions: bool,
         schedule: &'a [u32],
-    ) -> PolicyRun<'a> {
-        let dt = sc.run.step_s;
-        let end = sc.run.days * 86_400.0;
+        pool: &mut Pool,
+    ) -> ServiceRun<'a> {
+        let sc = &service.sc;
         let ns = &sc.policies.nightshift;
-        let mut pool = Pool::new(sc.pool.nodes, sc.pool.gpus_per_node, sc.research.clone());
-        let pool_gpus = pool.total_gpus();
-        let desired =
-            fixed_replicas(policy, sc, schedule, 0.0).unwrap_or(sc.autoscaling.initial_replicas);
-        let pods = warm_start(&mut pool, desired, sc.model.gpus_per_replica);
+        let night = shared.night_window_of(sc.policies.static_peak.replicas);
+        let desired = fixed_replicas(policy, sc, &night, schedule, 0.0)
+            .unwrap_or(sc.autoscaling.initial_replicas);
+        let pods = warm_start(pool, desired, sc.model.gpus_per_replica);
         let history_len = history_len(sc);
-        PolicyRun {
+        ServiceRun {
+            name: &service.name,
             policy,
             sc,
             perf: Perf::new(&sc.model),
             gpr: sc.model.gpus_per_replica,
-            dt,
-            end,
-            steps: (end / dt).ceil() as u64,
-            steps_per_minute: (60.0 / dt).max(1.0),
             targets: ns.targets(),
-            headroom: if policy.is_nightshift() {
-                ns.headroom_gpus
-            } else {
-                0
-            },
             record_decisions,
             schedule,
-            arrivals: Arrivals::new(trace, envelope, sc.run.seed).peekable(),
+            night,
+            arrivals: Arrivals::new(&service.trace, &service.envelope, sc.run.seed).peekable(),
             queue: VecDeque::new(),
-            pool,
-            pool_gpus,
             pods,
             rec: Recorder::new(sc.slo.queue_wait_p99_s),
             history: VecDeque::with_capacity(history_len + 1),
@@ -493,60 +764,31 @@ impl<'a> PolicyRun<'a> {
             next_sync: sc.autoscaling.hpa_sync_s,
             next_poll: 0.0,
             cached_value: None,
-            notice: policy.notices().then(|| {
-                (
-                    NoticePolicy {
-                        window_s: ns.notice_window_s,
-                        margin: ns.notice_margin,
-                        hysteresis: ns.notice_hysteresis,
-                    },
-                    Watch::default(),
-                )
-            }),
-            next_notice: NOTICE_INTERVAL.as_secs_f64(),
+            watch: policy.notices().then(Watch::default),
             capacity: (policy.is_nightshift() && ns.learn_capacity)
                 .then(|| LearnedCapacity::new(CapacityConfig::default())),
             shape: policy
                 .forecasts()
                 .then(|| DailyShape::new(ForecastConfig::default())),
-            result: RunSummary::new(policy),
+            counts: Counts::default(),
             decisions: Vec::new(),
-            timeline: Vec::with_capacity((end / 60.0).ceil() as usize),
-            minute: OpenMinute::default(),
-            ideal_idle_gpu_hours: 0.0,
-            inference_gpu_s: 0.0,
+            minute_tokens: 0.0,
+            gpu_s: 0.0,
         }
-    }
-
-    /// Control step `k`, which ends at `(k + 1) × dt`.
-    fn step(&mut self, k: u64) {
-        let t1 = (k + 1) as f64 * self.dt;
-        self.admit_arrivals(t1);
-        self.serve(t1);
-        self.retire_and_start_pods(t1);
-        self.sample_metrics(t1);
-        let current = self.non_draining_pods();
-        self.decide_replicas(t1, current);
-        self.give_notices(t1);
-        self.converge(t1, current);
-        self.schedule_pending(t1);
-        // Research takes what is left.
-        self.pool.tick_research(t1, self.dt, self.headroom);
-        self.account(t1, k + 1 == self.steps);
     }
 
     /// Arrivals of this step join the router's queue.
     fn admit_arrivals(&mut self, t1: f64) {
         while let Some(a) = self.arrivals.next_if(|a| a.at < t1) {
-            self.result.requests += 1;
-            self.minute.tokens += f64::from(a.context) + f64::from(a.generated);
+            self.counts.requests += 1;
+            self.minute_tokens += f64::from(a.context) + f64::from(a.generated);
             let q = Queued {
                 arrival: a.at,
                 context: a.context,
                 generated: a.generated,
             };
             if q.footprint() > self.perf.kv_capacity {
-                self.result.rejected += 1;
+                self.counts.rejected += 1;
                 continue;
             }
             self.queue.push_back(q);
@@ -565,12 +807,12 @@ impl<'a> PolicyRun<'a> {
     }
 
     /// Pod lifecycle: drained pods leave, started pods begin serving.
-    fn retire_and_start_pods(&mut self, t1: f64) {
+    fn retire_and_start_pods(&mut self, t1: f64, pool: &mut Pool) {
         let mut i = 0;
         while i < self.pods.len() {
             match self.pods[i].phase {
                 PodPhase::Draining { node } if self.pods[i].replica.is_idle() => {
-                    self.pool.release_inference(node, self.gpr);
+                    pool.release_inference(node, self.gpr);
                     self.retired_generated += self.pods[i].replica.generated_total;
                     self.retired_prompt += self.pods[i].replica.prompt_total;
                     self.pods.remove(i);
@@ -618,38 +860,41 @@ impl<'a> PolicyRun<'a> {
             .count() as u32
     }
 
+    /// GPUs its pods hold: bound ones, starting, serving or draining.
+    fn gpus_held(&self) -> u32 {
+        let bound = self
+            .pods
+            .iter()
+            .filter(|p| !matches!(p.phase, PodPhase::Pending { .. }))
+            .count() as u32;
+        bound * self.gpr
+    }
+
     /// Policy decision: a fixed schedule, or the HPA on the policy's metric.
-    fn decide_replicas(&mut self, t1: f64, current: u32) {
+    fn decide_replicas(&mut self, t1: f64) {
         let before = self.desired;
-        match fixed_replicas(self.policy, self.sc, self.schedule, t1) {
+        match fixed_replicas(self.policy, self.sc, &self.night, self.schedule, t1) {
             Some(r) => self.desired = r,
-            None => self.autoscale(t1, current),
+            None => self.autoscale(t1, self.non_draining_pods()),
         }
         if self.desired != before {
-            self.result.scale_events += 1;
+            self.counts.scale_events += 1;
         }
     }
 
-    /// Reclaim notices (policies with notices on), decided as the pool controller decides them:
-    /// every [`NOTICE_INTERVAL`] it evaluates the service's trigger (the scaler's own
-    /// evaluation, which feeds the learned capacity and the forecast as KEDA's calls do) against
-    /// the replicas the Deployment is asked for, warns the research the next replicas would
-    /// displace and withdraws warnings no longer due, with the live decision code. A failed
-    /// evaluation keeps the notices given.
-    fn give_notices(&mut self, t1: f64) {
-        if self.notice.is_none() || t1 < self.next_notice {
-            return;
-        }
-        self.next_notice += NOTICE_INTERVAL.as_secs_f64();
+    /// The replicas beyond those its Deployment is asked for that its reclaim notices cover:
+    /// the scaler's own evaluation of its trigger (which feeds the learned capacity and the
+    /// forecast as KEDA's calls do) decided with the live code. A failed evaluation keeps the
+    /// notices given.
+    fn notice_extra(&mut self, policy: &NoticePolicy, t1: f64) -> u32 {
         let demand = self.evaluate(t1).map(|(replicas, _)| replicas);
-        let Some((policy, watch)) = self.notice.as_mut() else {
-            return;
+        let Some(watch) = self.watch.as_mut() else {
+            return 0;
         };
-        let extra = match demand {
+        match demand {
             Some(replicas) => policy.update(watch, t1, replicas, self.desired),
             None => watch.covered().saturating_sub(self.desired),
-        };
-        self.pool.notice(t1, extra, self.gpr);
+        }
     }
 
     /// KEDA polls the metric (when its cache is on) and the HPA syncs, each on its own period.
@@ -700,7 +945,7 @@ impl<'a> PolicyRun<'a> {
             MetricSource::Prometheus => scrape_time(t1, self.sc.prometheus.scrape_interval_s),
         };
         let totals = totals_at(&self.history, at, ns.rate_window_s);
-        self.result.demand_calls += 1;
+        self.counts.demand_calls += 1;
         let targets = self.learned_targets(&totals);
         match policy::nightshift_metric(&totals, &targets) {
             Ok((decision, value)) => {
@@ -710,7 +955,7 @@ impl<'a> PolicyRun<'a> {
                         let expected = shape.expected(t1, ns.forecast_lead_s);
                         let (replicas, decided) = with_forecast(decision.replicas, expected);
                         if decided {
-                            self.result.forecast_decisions += 1;
+                            self.counts.forecast_decisions += 1;
                         }
                         (replicas, replicas * demand::METRIC_TARGET)
                     }
@@ -722,7 +967,7 @@ impl<'a> PolicyRun<'a> {
                 Some(answer)
             }
             Err(_) => {
-                self.result.demand_errors += 1;
+                self.counts.demand_errors += 1;
                 None
             }
         }
@@ -754,7 +999,8 @@ impl<'a> PolicyRun<'a> {
     }
 
     /// The Deployment converges to the desired count.
-    fn converge(&mut self, t1: f64, current: u32) {
+    fn converge(&mut self, t1: f64, pool: &mut Pool) {
+        let current = self.non_draining_pods();
         if current < self.desired {
             for _ in current..self.desired {
                 self.pods.push(ReplicaPod {
@@ -763,13 +1009,13 @@ impl<'a> PolicyRun<'a> {
                 });
             }
         } else if current > self.desired {
-            self.scale_down(current - self.desired);
+            self.scale_down(current - self.desired, pool);
         }
     }
 
     /// Removes `excess` pods in ReplicaSet order: unscheduled pods, then not-ready ones, then
     /// the newest (which drain: they finish what they run, then leave).
-    fn scale_down(&mut self, mut excess: u32) {
+    fn scale_down(&mut self, mut excess: u32, pool: &mut Pool) {
         for pass in 0..3 {
             let mut i = self.pods.len();
             while excess > 0 && i > 0 {
@@ -777,12 +1023,12 @@ impl<'a> PolicyRun<'a> {
                 let remove = match (pass, self.pods[i].phase) {
                     (0, PodPhase::Pending { nominated }) => {
                         if let Some(n) = nominated {
-                            self.pool.unclaim(n, self.gpr);
+                            pool.unclaim(n, self.gpr);
                         }
                         true
                     }
                     (1, PodPhase::Starting { node, .. }) => {
-                        self.pool.release_inference(node, self.gpr);
+                        pool.release_inference(node, self.gpr);
                         true
                     }
                     (2, PodPhase::Ready { node }) => {
@@ -802,11 +1048,11 @@ impl<'a> PolicyRun<'a> {
     }
 
     /// The scheduler binds pending pods, preempting research when it must.
-    fn schedule_pending(&mut self, t1: f64) {
+    fn schedule_pending(&mut self, t1: f64, pool: &mut Pool) {
         let startup_s = self.sc.model.startup_s;
         for p in self.pods.iter_mut() {
             if let PodPhase::Pending { nominated } = p.phase {
-                p.phase = match self.pool.place_inference(self.gpr, nominated, t1) {
+                p.phase = match pool.place_inference(self.gpr, nominated, t1) {
                     Placement::Bound(node) => PodPhase::Starting {
                         node,
                         ready_at: t1 + startup_s,
@@ -818,104 +1064,34 @@ impl<'a> PolicyRun<'a> {
         }
     }
 
-    /// Adds this step's GPU use to the totals and the open minute; closes the minute when it is
-    /// full or the run ends.
-    fn account(&mut self, t1: f64, last_step: bool) {
-        let inference = f64::from(self.pool.inference_gpus());
-        self.inference_gpu_s += inference * self.dt;
-        self.minute.point.inference_gpus += inference as f32;
-        self.minute.point.research_gpus += self.pool.research_gpus() as f32;
-        self.minute.steps += 1.0;
-        if self.minute.steps >= self.steps_per_minute || last_step {
-            self.close_minute(t1);
-        }
-    }
-
-    /// Judges the minute against the SLO, compares it with an oracle's GPU use and adds it to
-    /// the timeline.
-    fn close_minute(&mut self, t1: f64) {
-        let auto = &self.sc.autoscaling;
-        let OpenMinute {
-            mut point,
-            steps,
-            tokens,
-        } = std::mem::take(&mut self.minute);
+    /// Closes the service's minute of `span` seconds: whether it kept the SLO, and the GPUs an
+    /// oracle would have given it.
+    fn close_minute(&mut self, t1: f64, span: f64) -> (bool, f64) {
         let oldest = self
             .queue
             .front()
             .map_or(0.0, |q| (t1 - q.arrival).max(0.0));
-        point.slo_ok = self.rec.close_minute(oldest);
-        point.inference_gpus /= steps as f32;
-        point.research_gpus /= steps as f32;
-        let ideal_replicas = (tokens * self.perf.compute_s_per_token / (steps * self.dt))
+        let ok = self.rec.close_minute(oldest);
+        let auto = &self.sc.autoscaling;
+        let tokens = std::mem::take(&mut self.minute_tokens);
+        let ideal_replicas = (tokens * self.perf.compute_s_per_token / span)
             .ceil()
             .clamp(f64::from(auto.min_replicas), f64::from(auto.max_replicas));
-        let ideal_gpus = ideal_replicas * f64::from(self.gpr);
-        point.ideal_inference_gpus = ideal_gpus as f32;
-        self.ideal_idle_gpu_hours +=
-            (f64::from(self.pool_gpus) - ideal_gpus).max(0.0) * steps * self.dt / 3600.0;
-        self.timeline.push(point);
+        (ok, ideal_replicas * f64::from(self.gpr))
     }
 
-    /// The run's figures once every step is done.
-    fn finish(self) -> RunOutcome {
-        let PolicyRun {
-            mut result,
-            pool,
-            rec,
-            queue,
-            ideal_idle_gpu_hours,
-            inference_gpu_s,
-            pool_gpus,
-            end,
-            timeline,
-            decisions,
-            ..
-        } = self;
-        let stats = pool.stats;
-        result.lent_gpu_hours = stats.lent_gpu_s / 3600.0;
-        result.lost_gpu_hours = stats.lost_gpu_s / 3600.0;
-        result.useful_gpu_hours = result.lent_gpu_hours - result.lost_gpu_hours;
-        result.harvest_share = if ideal_idle_gpu_hours > 0.0 {
-            result.lent_gpu_hours / ideal_idle_gpu_hours
-        } else {
-            0.0
-        };
-        result.preemptions = stats.preemptions;
-        result.completed_jobs = stats.completed_jobs;
-        result.notices = stats.notices;
-        result.notices_withdrawn = stats.notices_withdrawn;
-        result.notices_completed = stats.notices_completed;
-        result.preempted_after_checkpoint = stats.preempted_after_checkpoint;
-        result.preempted_during_checkpoint = stats.preempted_during_checkpoint;
-        result.preempted_in_place_of_warned = stats.preempted_in_place_of_warned;
-        result.preempted_without_notice = stats.preemptions
-            - stats.preempted_after_checkpoint
-            - stats.preempted_during_checkpoint;
-        let mut leads = stats.lead_times_s;
-        leads.sort_by(f64::total_cmp);
-        result.notice_lead_p50_s = quantile(&leads, 0.5);
-        result.notice_lead_p99_s = quantile(&leads, 0.99);
-        result.notice_checkpoint_gpu_hours = stats.notice_checkpoint_gpu_s / 3600.0;
-        result.inference_gpu_hours = inference_gpu_s / 3600.0;
-        result.queue_wait_p50_s = rec.waits.quantile(0.5);
-        result.queue_wait_p99_s = rec.waits.quantile(0.99);
-        result.ttft_p50_s = rec.ttfts.quantile(0.5);
-        result.ttft_p99_s = rec.ttfts.quantile(0.99);
-        result.minutes = rec.minutes;
-        result.minutes_over_slo = rec.minutes_over;
-        result.minutes_within_slo_share = if rec.minutes > 0 {
-            1.0 - rec.minutes_over as f64 / rec.minutes as f64
-        } else {
-            1.0
-        };
-        result.unserved = queue.len() as u64;
-        RunOutcome {
-            result,
-            timeline,
-            ideal_idle_gpu_hours,
-            pool_gpu_hours: f64::from(pool_gpus) * end / 3600.0,
-            decisions,
+    /// Its own figures, for a pool shared by several services.
+    fn summary(&self) -> ServiceSummary {
+        ServiceSummary {
+            name: self.name.to_owned(),
+            requests: self.counts.requests,
+            inference_gpu_hours: self.gpu_s / 3600.0,
+            queue_wait_p99_s: self.rec.waits.quantile(0.99),
+            ttft_p99_s: self.rec.ttfts.quantile(0.99),
+            minutes_over_slo: self.rec.minutes_over,
+            minutes_within_slo_share: within_share(self.rec.minutes, self.rec.minutes_over),
+            scale_events: self.counts.scale_events,
+            unserved: self.queue.len() as u64,
         }
     }
 }
@@ -929,13 +1105,20 @@ fn quantile(values: &[f64], q: f64) -> f64 {
     values[rank - 1]
 }
 
-/// Replicas a fixed-schedule policy runs at `t` (`None`: the policy autoscales). `schedule` is
-/// a schedule-following run's replicas per minute.
-fn fixed_replicas(policy: ScalingPolicy, sc: &Scenario, schedule: &[u32], t: f64) -> Option<u32> {
+/// Replicas a fixed-schedule policy runs a service at at `t` (`None`: the policy autoscales).
+/// `night` is the service's night window, `schedule` a schedule-following run's replicas per
+/// minute.
+fn fixed_replicas(
+    policy: ScalingPolicy,
+    sc: &Scenario,
+    night: &NightWindowConfig,
+    schedule: &[u32],
+    t: f64,
+) -> Option<u32> {
     match policy {
         ScalingPolicy::StaticPeak => Some(sc.policies.static_peak.replicas),
         ScalingPolicy::NightWindow | ScalingPolicy::NightWindowHindsight => {
-            Some(policy::night_window_replicas(&sc.policies.night_window, t))
+            Some(policy::night_window_replicas(night, t))
         }
         ScalingPolicy::CeilingReplay => {
             let minute = (t.max(0.0) / 60.0).floor() as usize;
@@ -1022,9 +1205,10 @@ fn totals_at(history: &VecDeque<Sample>, t: f64, window: f64) -> Totals {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sim::trace::Trace;
 
-    /// A short scenario over a small synthetic trace (steady 4 req/s of 1000 + 100 tokens).
-    fn small_run(kind: ScalingPolicy, record: bool) -> RunOutcome {
+    /// A small synthetic trace: steady 4 req/s of 1000 + 100 tokens.
+    fn steady_trace() -> Trace {
         let mut body = String::from("TIMESTAMP,ContextTokens,GeneratedTokens\n");
         for i in 0..240 {
             body.push_str(&format!(
@@ -1034,11 +1218,98 @@ mod tests {
                 (i % 4) * 250
             ));
         }
-        let trace = Trace::parse(&body).expect("valid trace");
-        let mut sc = Scenario::default();
+        Trace::parse(&body).expect("valid trace")
+    }
+
+    /// A two-hour run of `sc` (one service per trace given).
+    fn run_of(
+        sc: &mut Scenario,
+        traces: &[&Trace],
+        kind: ScalingPolicy,
+        record: bool,
+    ) -> RunOutcome {
         sc.run.days = 2.0 / 24.0;
-        let envelope = Envelope::new(&sc.envelope.hourly).expect("valid envelope");
-        run_policy(kind, &sc, &trace, &envelope, record)
+        let services = Service::all(sc, traces).expect("valid services");
+        run_policy(kind, sc, &services, record)
+    }
+
+    /// A short scenario over the steady trace.
+    fn small_run(kind: ScalingPolicy, record: bool) -> RunOutcome {
+        run_of(&mut Scenario::default(), &[&steady_trace()], kind, record)
+    }
+
+    #[test]
+    fn a_scenario_naming_its_one_service_runs_as_the_scenario_itself() {
+        let trace = steady_trace();
+        let named = Scenario {
+            services: vec![crate::sim::config::ServiceConfig {
+                name: "chat".into(),
+                ..Default::default()
+            }],
+            ..Scenario::default()
+        };
+        for kind in [ScalingPolicy::Nightshift, ScalingPolicy::NightWindow] {
+            let alone = small_run(kind, false).result;
+            let mut shared = run_of(&mut named.clone(), &[&trace], kind, false).result;
+            assert_eq!(shared.services[0].name, "chat");
+            shared.services[0].name = String::new();
+            assert_eq!(
+                serde_json::to_string(&shared).expect("json"),
+                serde_json::to_string(&alone).expect("json"),
+                "{kind:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn services_sharing_a_pool_keep_their_own_traffic_and_share_its_gpus() {
+        let trace = steady_trace();
+        let mut sc = Scenario::default();
+        let service = |name: &str, seed, peak_replicas| crate::sim::config::ServiceConfig {
+            name: name.into(),
+            seed,
+            peak_replicas,
+            ..Default::default()
+        };
+        sc.services = vec![service("a", 1, 10), service("b", 7, 6)];
+        let both = run_of(
+            &mut sc.clone(),
+            &[&trace, &trace],
+            ScalingPolicy::StaticPeak,
+            false,
+        );
+        // Static peak holds both peaks: 16 replicas of 4 GPUs for two hours, nothing lent.
+        let r = &both.result;
+        assert_eq!(r.lent_gpu_hours, 0.0);
+        assert!(
+            (r.inference_gpu_hours - 128.0).abs() < 1e-9,
+            "{}",
+            r.inference_gpu_hours
+        );
+        let per: Vec<f64> = r.services.iter().map(|s| s.inference_gpu_hours).collect();
+        assert!(
+            (per[0] - 80.0).abs() < 1e-9 && (per[1] - 48.0).abs() < 1e-9,
+            "{per:?}"
+        );
+        // Each service replays its own arrivals, the same as it would alone.
+        for (i, name) in ["a", "b"].iter().enumerate() {
+            let mut alone = sc.clone();
+            alone.services.retain(|s| s.name == *name);
+            let own = run_of(&mut alone, &[&trace], ScalingPolicy::StaticPeak, false);
+            assert_eq!(own.result.requests, r.services[i].requests, "{name}");
+        }
+        assert_eq!(
+            r.requests,
+            r.services.iter().map(|s| s.requests).sum::<u64>()
+        );
+
+        // Autoscaled, research fills what both leave and the run is judged by its worst-served
+        // service.
+        let shared = run_of(&mut sc, &[&trace, &trace], ScalingPolicy::Nightshift, false).result;
+        assert!(shared.lent_gpu_hours > 0.0);
+        let worst = shared.services.iter().map(|s| s.minutes_over_slo).max();
+        assert_eq!(Some(shared.minutes_over_slo), worst);
+        assert_eq!(shared.demand_calls, 2 * (2 * 3600 / 15 + 2 * 3600 / 5));
     }
 
     #[test]

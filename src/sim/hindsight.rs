@@ -17,8 +17,8 @@ use super::{
     config::{NightWindowConfig, Scenario},
     engine::{self, RunOutcome},
     policy::ScalingPolicy,
+    service::Service,
     slo,
-    trace::{Envelope, Trace},
 };
 
 /// Hours a night window may start at: from early evening, as traffic falls, to midnight.
@@ -86,8 +86,7 @@ pub fn bisect<T>(
 /// (whose run is static peak's) is taken as keeping it.
 pub fn search_window(
     sc: &Scenario,
-    trace: &Trace,
-    envelope: &Envelope,
+    services: &[Service],
     bar: f64,
     (start_hour, end_hour): (u32, u32),
 ) -> WindowBest {
@@ -106,7 +105,7 @@ pub fn search_window(
             day_replicas: peak,
         };
         let policy = ScalingPolicy::NightWindowHindsight;
-        engine::run_within(policy, &candidate, trace, envelope, most_over)
+        engine::run_within(policy, &candidate, services, most_over)
     });
     WindowBest {
         start_hour,

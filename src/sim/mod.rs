@@ -20,6 +20,7 @@ pub mod policy;
 pub mod pool;
 pub mod report;
 pub mod scheduler;
+pub mod service;
 pub mod slo;
 pub mod trace;
 
@@ -32,7 +33,8 @@ use self::{
     engine::{RunOutcome, run_policy, run_schedule},
     policy::ScalingPolicy,
     report::Report,
-    trace::{Envelope, Trace, TraceError},
+    service::Service,
+    trace::{Trace, TraceError},
 };
 use crate::core::demand::{self, DemandError, PerSignal, Totals};
 
@@ -41,6 +43,13 @@ use crate::core::demand::{self, DemandError, PerSignal, Totals};
 pub enum SimError {
     #[error(transparent)]
     Trace(#[from] TraceError),
+    #[error("service {service:?}: its trace {path}")]
+    ServiceTrace {
+        service: String,
+        path: PathBuf,
+        #[source]
+        source: TraceError,
+    },
     #[error("cannot read scenario {path}")]
     ReadScenario {
         path: PathBuf,
@@ -143,8 +152,14 @@ pub fn run(args: SimArgs) -> Result<(), SimError> {
         return Ok(());
     }
     let trace = Trace::read(&trace)?;
+    let own = service_traces(&scenario, config.as_deref())?;
+    let traces: Vec<&Trace> = if scenario.services.is_empty() {
+        vec![&trace]
+    } else {
+        own.iter().map(|t| t.as_ref().unwrap_or(&trace)).collect()
+    };
     let started = std::time::Instant::now();
-    let report = simulate(&scenario, &trace, hindsight)?;
+    let report = simulate(&scenario, &traces, hindsight)?;
     tracing::info!(
         elapsed_s = started.elapsed().as_secs_f64(),
         days = scenario.run.days,
@@ -167,21 +182,45 @@ pub fn run(args: SimArgs) -> Result<(), SimError> {
     Ok(())
 }
 
+/// The traces the scenario's services name, read from paths relative to the scenario file
+/// (`None` for a service that replays the run's trace).
+fn service_traces(
+    scenario: &Scenario,
+    config: Option<&std::path::Path>,
+) -> Result<Vec<Option<Trace>>, SimError> {
+    let base = config
+        .and_then(std::path::Path::parent)
+        .unwrap_or(std::path::Path::new("."));
+    scenario
+        .services
+        .iter()
+        .map(|s| {
+            let Some(path) = &s.trace else {
+                return Ok(None);
+            };
+            let path = base.join(path);
+            Trace::read(&path)
+                .map(Some)
+                .map_err(|source| SimError::ServiceTrace {
+                    service: s.name.clone(),
+                    path,
+                    source,
+                })
+        })
+        .collect()
+}
+
 /// Runs every policy through the scenario, computes its honest ceiling and replays it, and (with
 /// `hindsight`) chooses the night window with hindsight ([`hindsight`]), on several threads;
-/// results do not depend on them.
-pub fn simulate(scenario: &Scenario, trace: &Trace, hindsight: bool) -> Result<Report, SimError> {
+/// results do not depend on them. `traces` holds each service's trace, in the order of
+/// [`Scenario::service_scenarios`] (one when the scenario names no services).
+pub fn simulate(
+    scenario: &Scenario,
+    traces: &[&Trace],
+    hindsight: bool,
+) -> Result<Report, SimError> {
     scenario.validate().map_err(SimError::Invalid)?;
-    let envelope = Envelope::new(&scenario.envelope.hourly)
-        .and_then(|e| e.with_weekly(&scenario.envelope.weekly))
-        .map_err(SimError::Invalid)?;
-    let mixed;
-    let trace = if scenario.mix == config::MixConfig::default() {
-        trace
-    } else {
-        mixed = trace.with_mix(scenario.mix.context, scenario.mix.generated);
-        &mixed
-    };
+    let services = Service::all(scenario, traces).map_err(SimError::Invalid)?;
     // The live code validates the targets: a configuration it would refuse is refused here.
     let probe = Totals {
         pods: 1,
@@ -195,7 +234,7 @@ pub fn simulate(scenario: &Scenario, trace: &Trace, hindsight: bool) -> Result<R
     };
     demand::compute(&probe, &scenario.policies.nightshift.targets()).map_err(SimError::Targets)?;
 
-    let (ceiling, mut outcomes) = run_in_parallel(scenario, trace, &envelope)?;
+    let (ceiling, mut outcomes) = run_in_parallel(scenario, &services)?;
     let static_peak = match outcomes
         .iter()
         .position(|o| o.result.policy == ScalingPolicy::StaticPeak)
@@ -203,12 +242,12 @@ pub fn simulate(scenario: &Scenario, trace: &Trace, hindsight: bool) -> Result<R
         Some(i) => i,
         None => {
             let kind = ScalingPolicy::StaticPeak;
-            outcomes.push(run_policy(kind, scenario, trace, &envelope, false));
+            outcomes.push(run_policy(kind, scenario, &services, false));
             outcomes.len() - 1
         }
     };
     let bar = slo::bar(outcomes[static_peak].result.minutes_within_slo_share);
-    let (replay, chosen) = referee(scenario, trace, &envelope, &ceiling, bar, hindsight)?;
+    let (replay, chosen) = referee(scenario, &services, &ceiling, bar, hindsight)?;
     let chosen = match chosen {
         Some(bests) => hindsight::pick(scenario, bests, &outcomes[static_peak], bar),
         None => None,
@@ -236,7 +275,8 @@ pub fn simulate(scenario: &Scenario, trace: &Trace, hindsight: bool) -> Result<R
         slo_queue_wait_p99_s: scenario.slo.queue_wait_p99_s,
         slo_bar_share: bar,
         hindsight: window,
-        trace_requests: trace.requests.len(),
+        trace_requests: services.iter().map(|s| s.trace.requests.len()).sum(),
+        services: services.iter().map(|s| s.name.clone()).collect(),
         timelines: outcomes.iter().map(|o| o.timeline.clone()).collect(),
         policies: outcomes.into_iter().map(|o| o.result).collect(),
     })
@@ -247,8 +287,7 @@ pub fn simulate(scenario: &Scenario, trace: &Trace, hindsight: bool) -> Result<R
 /// threads as the machine has.
 fn referee(
     scenario: &Scenario,
-    trace: &Trace,
-    envelope: &Envelope,
+    services: &[Service],
     ceiling: &ceiling::Ceiling,
     bar: f64,
     with_hindsight: bool,
@@ -275,13 +314,12 @@ fn referee(
     let started = std::time::Instant::now();
     let done = in_parallel(&tasks, |task| match *task {
         Work::Replay => Done::Replay(Box::new(run_schedule(
-            &ceiling.held,
+            &ceiling.services,
             scenario,
-            trace,
-            envelope,
+            services,
         ))),
         Work::Window(w) => Done::Window(Box::new(hindsight::search_window(
-            scenario, trace, envelope, bar, w,
+            scenario, services, bar, w,
         ))),
     })?;
     let mut replay = None;
@@ -353,57 +391,64 @@ fn in_parallel<T: Sync, R: Send>(
 enum Task {
     /// A policy's run, the `i`-th of [`ScalingPolicy::ALL`].
     Policy(usize),
-    /// The `i`-th chunk of the ceiling's minutes.
-    Ceiling(usize),
+    /// A chunk of a service's ceiling: the service's index and the chunk's.
+    Ceiling(usize, usize),
 }
 
 /// A finished [`Task`].
 enum Done {
     Policy(Box<RunOutcome>),
-    Ceiling(Vec<u32>),
+    Ceiling(usize, Vec<u32>),
 }
 
-/// Runs the policies and the ceiling's chunks on as many threads as the machine has, each
-/// thread taking the next task in turn: the long policy runs first, then the short chunks, so
-/// that the threads end together (with a thread per policy and per ceiling half, one core sat
-/// idle while the slowest finished). Results are put back in order: they do not depend on
-/// which thread ran what.
+/// Runs the policies and the ceiling's chunks (each service's) on as many threads as the
+/// machine has, each thread taking the next task in turn: the long policy runs first, then the
+/// short chunks, so that the threads end together (with a thread per policy and per ceiling
+/// half, one core sat idle while the slowest finished). Results are put back in order: they do
+/// not depend on which thread ran what.
 fn run_in_parallel(
     scenario: &Scenario,
-    trace: &Trace,
-    envelope: &Envelope,
+    services: &[Service],
 ) -> Result<(ceiling::Ceiling, Vec<RunOutcome>), SimError> {
     let tasks: Vec<Task> = (0..ScalingPolicy::ALL.len())
         .map(Task::Policy)
-        .chain((0..ceiling::Plan::chunks_of(scenario)).map(Task::Ceiling))
+        .chain(services.iter().enumerate().flat_map(|(s, service)| {
+            (0..ceiling::Plan::chunks_of(&service.sc)).map(move |c| Task::Ceiling(s, c))
+        }))
         .collect();
-    // The ceiling's plan replays the arrivals once; the first thread to reach a chunk makes it,
-    // while the others still run policies.
-    let plan = std::sync::OnceLock::new();
+    // A service's ceiling plan replays its arrivals once; the first thread to reach one of its
+    // chunks makes it, while the others still run policies.
+    let plans: Vec<std::sync::OnceLock<ceiling::Plan<'_>>> = services
+        .iter()
+        .map(|_| std::sync::OnceLock::new())
+        .collect();
+    let plan_of = |s: usize| {
+        let service = &services[s];
+        plans[s].get_or_init(|| ceiling::Plan::new(&service.sc, &service.trace, &service.envelope))
+    };
     let started = std::time::Instant::now();
     let finished = in_parallel(&tasks, |task| match *task {
         Task::Policy(i) => {
             let kind = ScalingPolicy::ALL[i];
-            Done::Policy(Box::new(run_policy(kind, scenario, trace, envelope, false)))
+            Done::Policy(Box::new(run_policy(kind, scenario, services, false)))
         }
-        Task::Ceiling(i) => {
-            let plan = plan.get_or_init(|| ceiling::Plan::new(scenario, trace, envelope));
-            Done::Ceiling(plan.judge(i))
-        }
+        Task::Ceiling(s, c) => Done::Ceiling(s, plan_of(s).judge(c)),
     })?;
     let mut outcomes = Vec::new();
-    let mut parts = Vec::new();
+    let mut parts: Vec<Vec<Vec<u32>>> = services.iter().map(|_| Vec::new()).collect();
     for done in finished {
         match done {
             Done::Policy(o) => outcomes.push(*o),
-            Done::Ceiling(need) => parts.push(need),
+            Done::Ceiling(s, need) => parts[s].push(need),
         }
     }
-    let ceiling = match plan.into_inner() {
-        Some(plan) => plan.ceiling(parts),
-        // Only a run without minutes has no chunk.
-        None => ceiling::Plan::new(scenario, trace, envelope).ceiling(parts),
-    };
+    // Only a run without minutes has no chunk (and no plan made).
+    let each = parts
+        .into_iter()
+        .enumerate()
+        .map(|(s, parts)| plan_of(s).ceiling(parts))
+        .collect();
+    let ceiling = ceiling::Ceiling::shared(each, scenario);
     tracing::debug!(
         elapsed_s = started.elapsed().as_secs_f64(),
         "policies and honest ceiling computed"
@@ -416,6 +461,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_shipped_scenario_is_valid_and_the_shared_pool_mixes_shapes_and_mixes() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let dir = root.join("data/scenarios");
+        let mut read = 0;
+        for entry in std::fs::read_dir(&dir).expect("data/scenarios") {
+            let path = entry.expect("entry").path();
+            let text = std::fs::read_to_string(&path).expect("readable");
+            let sc =
+                Scenario::from_toml(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            sc.validate()
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let traces = service_traces(&sc, Some(&path))
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert_eq!(traces.len(), sc.services.len());
+            read += 1;
+        }
+        assert!(read >= 7, "{read} scenarios");
+        let shared = std::fs::read_to_string(dir.join("shared-pool.toml")).expect("readable");
+        let sc = Scenario::from_toml(&shared).expect("valid");
+        // At least three services of different days and token mixes, one on a trace of its own.
+        assert!(sc.services.len() >= 3);
+        let shapes: std::collections::BTreeSet<String> = sc
+            .services
+            .iter()
+            .map(|s| format!("{:?}", s.envelope.hourly))
+            .collect();
+        let mixes: std::collections::BTreeSet<String> = sc
+            .services
+            .iter()
+            .map(|s| format!("{:?} {:?}", s.mix, s.trace))
+            .collect();
+        assert_eq!(shapes.len(), sc.services.len());
+        assert_eq!(mixes.len(), sc.services.len());
+    }
+
+    #[test]
     fn threads_change_nothing_every_policy_and_minute_comes_back_in_its_place() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("data/traces/azure-llm-2023-conv.csv");
@@ -423,12 +504,16 @@ mod tests {
         let mut sc = Scenario::default();
         // Nine hours: three chunks of the ceiling (4 h, 4 h and 1 h) besides the six policies.
         sc.run.days = 9.0 / 24.0;
-        let envelope = Envelope::new(&sc.envelope.hourly).expect("default envelope");
         assert_eq!(ceiling::Plan::chunks_of(&sc), 3);
+        let services = Service::all(&sc, &[&trace]).expect("one service");
 
-        let (ceiling, outcomes) = run_in_parallel(&sc, &trace, &envelope).expect("runs");
+        let (ceiling, outcomes) = run_in_parallel(&sc, &services).expect("runs");
 
-        assert_eq!(ceiling, ceiling::honest_ceiling(&sc, &trace, &envelope));
+        let alone = &services[0];
+        assert_eq!(
+            ceiling,
+            ceiling::honest_ceiling(&alone.sc, &alone.trace, &alone.envelope)
+        );
         assert_eq!(ceiling.need.len(), 9 * 60);
         let policies: Vec<_> = outcomes.iter().map(|o| o.result.policy).collect();
         assert_eq!(policies, ScalingPolicy::ALL);

@@ -262,13 +262,18 @@ impl Pool {
         rooms
     }
 
-    /// Reclaim notices for `replicas` more inference pods of `gpus` each: the jobs the scheduler
-    /// would preempt for them get a notice (and checkpoint at once if enough work is unsaved);
-    /// jobs holding a notice that are no longer among them have it withdrawn (a checkpoint being
-    /// written is finished: it is paid for and will save).
-    pub fn notice(&mut self, now: f64, replicas: u32, gpus: u32) {
+    /// Reclaim notices for the services' next inference pods, `(replicas, gpus each)` per
+    /// service in the services' order (as the live controller places them: one service after
+    /// another on one view of the pool): the jobs the scheduler would preempt for them get a
+    /// notice (and checkpoint at once if enough work is unsaved); jobs holding a notice that are
+    /// no longer among them have it withdrawn (a checkpoint being written is finished: it is
+    /// paid for and will save).
+    pub fn notice(&mut self, now: f64, wanted: &[(u32, u32)]) {
         let mut rooms = self.rooms();
-        let victims = notice::predict_victims(&mut rooms, replicas, gpus);
+        let mut victims = Vec::new();
+        for &(replicas, gpus) in wanted {
+            victims.extend(notice::predict_victims(&mut rooms, replicas, gpus));
+        }
         for job in self.jobs.iter_mut().filter(|j| j.leaves_at.is_none()) {
             let chosen = victims.contains(&job.id);
             match (chosen, job.notice_at) {
@@ -590,9 +595,35 @@ mod tests {
         for t in 1..=1000 {
             pool.tick_research(f64::from(t), 1.0, 0);
         }
-        pool.notice(1000.0, 1, 4);
+        pool.notice(1000.0, &[(1, 4)]);
         assert_eq!(pool.stats.notices, 1);
         pool
+    }
+
+    #[test]
+    fn notices_for_several_services_warn_for_each_in_turn_on_one_view_of_the_pool() {
+        // Two 4-GPU nodes, each full of research: one job per node.
+        let mut pool = Pool::new(2, 4, research());
+        pool.tick_research(0.0, 0.0, 0);
+        run_to(&mut pool, 0, 100);
+        assert_eq!(pool.jobs.len(), 2);
+        // One service wants a replica: one job is warned.
+        pool.notice(100.0, &[(1, 4)]);
+        assert_eq!(pool.stats.notices, 1);
+        // A second service wants one more: its replica cannot land where the first's will, so
+        // the other job is warned too, and the first warning stands.
+        pool.notice(105.0, &[(1, 4), (1, 4)]);
+        assert_eq!(pool.stats.notices, 2);
+        assert_eq!(pool.stats.notices_withdrawn, 0);
+        assert!(pool.jobs.iter().all(|j| j.notice_at.is_some()));
+        // The first service no longer needs its replica: the job the second service's replica
+        // now lands on keeps its notice, the other's is withdrawn.
+        pool.notice(110.0, &[(0, 4), (1, 4)]);
+        assert_eq!(pool.stats.notices_withdrawn, 1);
+        assert_eq!(
+            pool.jobs.iter().filter(|j| j.notice_at.is_some()).count(),
+            1
+        );
     }
 
     fn run_to(pool: &mut Pool, from: u32, to: u32) {
@@ -642,7 +673,7 @@ mod tests {
         assert_eq!(pool.jobs[0].notice_saved, 1500.0);
         assert_eq!(pool.stats.notice_checkpoint_gpu_s, 240.0 * 4.0);
         // Withdrawn: no more checkpoints beyond the periodic ones.
-        pool.notice(1740.0, 0, 4);
+        pool.notice(1740.0, &[(0, 4)]);
         assert_eq!(pool.stats.notices_withdrawn, 1);
         run_to(&mut pool, 1740, 2400);
         assert!(pool.jobs[0].writing.is_none());
@@ -660,8 +691,8 @@ mod tests {
             "only the first"
         );
         // A new notice may write again.
-        pool.notice(2400.0, 0, 4);
-        pool.notice(2400.0, 1, 4);
+        pool.notice(2400.0, &[(0, 4)]);
+        pool.notice(2400.0, &[(1, 4)]);
         run_to(&mut pool, 2400, 2401);
         assert!(pool.jobs[0].writing.is_some());
     }
@@ -700,7 +731,7 @@ mod tests {
         pool.tick_research(0.0, 0.0, 0);
         run_to(&mut pool, 0, 700);
         // 100 s unsaved < 300: no checkpoint yet; preempted, it exits at once.
-        pool.notice(700.0, 1, 4);
+        pool.notice(700.0, &[(1, 4)]);
         run_to(&mut pool, 700, 750);
         assert!(pool.jobs[0].writing.is_none());
         pool.place_inference(4, None, 750.0);

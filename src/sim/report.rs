@@ -34,6 +34,9 @@ pub struct Report {
     /// `nightWindowHindsight`.
     pub hindsight: Option<Hindsight>,
     pub trace_requests: usize,
+    /// The services sharing the pool, by name (one unnamed service when the scenario names
+    /// none).
+    pub services: Vec<String>,
     pub policies: Vec<RunSummary>,
     #[serde(skip)]
     pub timelines: Vec<Vec<MinutePoint>>,
@@ -97,6 +100,7 @@ pub fn table(r: &Report) -> String {
             p.unserved
         );
     }
+    out.push_str(&service_lines(r));
     out.push_str(&bar_lines(r));
     out.push_str(&notice_lines(r));
     out.push_str(&predictor(r));
@@ -117,12 +121,18 @@ fn bar_lines(r: &Report) -> String {
         Some((h, useful)) => {
             let _ = writeln!(
                 out,
-                "against the bar (≥ {:.2} % of minutes) and the night window chosen with hindsight ({:02}:00–{:02}:00 at {} replicas, {} by day{}; {:.0} useful GPU-h; {} runs searched):",
+                "against the bar (≥ {:.2} % of minutes) and the night window chosen with hindsight ({:02}:00–{:02}:00 at {}{}; {:.0} useful GPU-h; {} runs searched):",
                 r.slo_bar_share * 100.0,
                 h.start_hour,
                 h.end_hour,
-                h.night_replicas,
-                h.day_replicas,
+                if r.services.len() > 1 {
+                    format!(
+                        "{}/{} of each service's peak replicas, rounded up",
+                        h.night_replicas, h.day_replicas
+                    )
+                } else {
+                    format!("{} replicas, {} by day", h.night_replicas, h.day_replicas)
+                },
                 if h.meets_bar {
                     ""
                 } else {
@@ -158,6 +168,36 @@ fn bar_lines(r: &Report) -> String {
             "  {:<30} {verdict}  {:>6.0} useful GPU-h{against}",
             p.label, p.useful_gpu_hours
         );
+    }
+    out
+}
+
+/// With a pool shared by several services: each policy's figures per service (its SLO
+/// minutes are those of the service that kept the fewest).
+fn service_lines(r: &Report) -> String {
+    let mut out = String::new();
+    if r.services.len() < 2 {
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "per service (SLO minutes, queue wait p99, inference GPU-h):"
+    );
+    for p in &r.policies {
+        let each: Vec<String> = p
+            .services
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} {:.2} % {:.3}s {:.0}",
+                    s.name,
+                    s.minutes_within_slo_share * 100.0,
+                    s.queue_wait_p99_s,
+                    s.inference_gpu_hours
+                )
+            })
+            .collect();
+        let _ = writeln!(out, "  {:<30} {}", p.label, each.join(" · "));
     }
     out
 }
