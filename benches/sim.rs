@@ -30,7 +30,7 @@ fn main() {
     let scenario = Scenario::default();
     for run in 1..=runs {
         let started = Instant::now();
-        match sim::simulate(&scenario, &[&trace], false) {
+        match sim::simulate(&scenario, &[&trace], Default::default()) {
             Ok(report) => {
                 let requests: u64 = report.policies.iter().map(|p| p.requests).sum();
                 println!(

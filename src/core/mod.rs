@@ -8,6 +8,7 @@
 //! - [`demand`]: the composite demand math and the vLLM [`demand::Signal`]s.
 //! - [`capacity`]: what one replica sustains, learned from the service's own metrics.
 //! - [`forecast`]: a service's daily demand shape, by time of day and day of week.
+//! - [`slo_loop`]: a service's utilization closed on the queue wait measured on it.
 //! - [`notice`]: when inference will need more replicas, and which research pods the scheduler
 //!   will preempt for them.
 //! - [`vocabulary`]: the names the webhook and the pool share (labels, PriorityClasses, the GPU
@@ -19,4 +20,5 @@ pub mod demand;
 pub mod duration;
 pub mod forecast;
 pub mod notice;
+pub mod slo_loop;
 pub mod vocabulary;

@@ -518,7 +518,7 @@ mod property {
             sc.run.seed = seed;
             // Rotate so that the three hours cover any part of the day's shape.
             sc.envelope.hourly = (0..24).map(|h| hourly[(h + start_hour) % 24]).collect();
-            let report = simulate(&sc, &[&trace], false).expect("valid scenario");
+            let report = simulate(&sc, &[&trace], Default::default()).expect("valid scenario");
             // (a) No policy keeping the target lends more than the ceiling leaves idle. The
             // replay is the ceiling itself: it lends what the ceiling leaves idle plus the GPUs
             // preempted research holds through its grace periods.

@@ -23,6 +23,7 @@ use crate::core::capacity::{CapacityConfig, LearnedCapacity};
 use crate::core::demand::{self, Decision, PerSignal, Targets, Totals};
 use crate::core::forecast::{DailyShape, ForecastConfig, with_forecast};
 use crate::core::notice::{NOTICE_INTERVAL, NoticePolicy, Watch};
+use crate::core::slo_loop::{self, SloLoop, TailReading};
 
 /// Queue waits and TTFTs are kept in 1 ms buckets up to this many seconds (beyond: one bucket).
 const HIST_SPAN_S: f64 = 600.0;
@@ -91,8 +92,21 @@ impl LatencyHistogram {
     }
 }
 
+/// Upper bounds (s) of the buckets of vLLM's `vllm:request_queue_time_seconds` histogram (its
+/// request-latency buckets, vLLM v1 `loggers.py`); the `+Inf` bucket follows.
+pub const VLLM_QUEUE_TIME_BUCKETS: [f64; 21] = [
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+/// Buckets of the exported queue-time histogram, `+Inf` included.
+const QUEUE_BUCKETS: usize = VLLM_QUEUE_TIME_BUCKETS.len() + 1;
+
 /// Collects per-request figures and per-minute SLO compliance.
 struct Recorder {
+    /// What vLLM exports of the queue waits: observations per bucket since the start (summed
+    /// over the service's pods).
+    queue_buckets: [f64; QUEUE_BUCKETS],
     waits: LatencyHistogram,
     ttfts: LatencyHistogram,
     minute_waits: Vec<f32>,
@@ -103,6 +117,11 @@ struct Recorder {
 
 impl Observer for Recorder {
     fn started(&mut self, _at: f64, wait: f64) {
+        let bucket = VLLM_QUEUE_TIME_BUCKETS
+            .iter()
+            .position(|b| wait <= *b)
+            .unwrap_or(VLLM_QUEUE_TIME_BUCKETS.len());
+        self.queue_buckets[bucket] += 1.0;
         self.waits.record(wait);
         self.minute_waits.push(wait as f32);
     }
@@ -115,6 +134,7 @@ impl Recorder {
     /// An empty recorder judging minutes against a p99 queue-wait target of `slo` seconds.
     fn new(slo: f64) -> Recorder {
         Recorder {
+            queue_buckets: [0.0; QUEUE_BUCKETS],
             waits: LatencyHistogram::default(),
             ttfts: LatencyHistogram::default(),
             minute_waits: Vec::new(),
@@ -147,6 +167,8 @@ struct Sample {
     kv_cache: f64,
     generated_total: f64,
     prompt_total: f64,
+    /// The queue-time histogram's observations per bucket since the start.
+    queue_buckets: [f64; QUEUE_BUCKETS],
 }
 
 /// Where an inference pod is in its life.
@@ -261,6 +283,9 @@ pub struct ServiceSummary {
     pub minutes_within_slo_share: f64,
     pub scale_events: u64,
     pub unserved: u64,
+    /// The SLO loop's utilization at the end of the run and its cuts (the SLO-loop policy).
+    pub slo_loop_utilization: Option<f64>,
+    pub slo_loop_cuts: u64,
 }
 
 impl RunSummary {
@@ -387,7 +412,9 @@ fn drive(mut run: PolicyRun<'_>, most_over: u64) -> Result<RunOutcome, Box<Polic
             service = s.name,
             learned_prompt_per_replica = learned.map(|t| t.prompt),
             learned_generated_per_replica = learned.map(|t| t.generated),
-            "service's learned capacity"
+            slo_loop_utilization = s.slo_loop.as_ref().map(SloLoop::utilization),
+            slo_loop_cuts = s.slo_loop.as_ref().map(SloLoop::cuts),
+            "service's learned capacity and SLO loop"
         );
     }
     let outcome = run.finish();
@@ -712,6 +739,8 @@ struct ServiceRun<'a> {
 
     /// Its reclaim-notice state (the policies with notices on).
     watch: Option<Watch>,
+    /// Its utilization closed on its measured queue wait (the SLO-loop policy).
+    slo_loop: Option<SloLoop>,
     /// The trigger's learned capacity (nightshift with `learn_capacity`) and daily forecast
     /// (the forecast policies): the live scaler's code.
     capacity: Option<LearnedCapacity>,
@@ -765,6 +794,9 @@ impl<'a> ServiceRun<'a> {
             next_poll: 0.0,
             cached_value: None,
             watch: policy.notices().then(Watch::default),
+            slo_loop: policy
+                .closes_the_slo_loop()
+                .then(|| SloLoop::new(slo_loop::config(sc.slo.queue_wait_p99_s), ns.utilization)),
             capacity: (policy.is_nightshift() && ns.learn_capacity)
                 .then(|| LearnedCapacity::new(CapacityConfig::default())),
             shape: policy
@@ -835,6 +867,7 @@ impl<'a> ServiceRun<'a> {
             waiting: self.queue.len() as f64,
             generated_total: self.retired_generated,
             prompt_total: self.retired_prompt,
+            queue_buckets: self.rec.queue_buckets,
             ..Sample::default()
         };
         for p in &self.pods {
@@ -946,7 +979,13 @@ impl<'a> ServiceRun<'a> {
         };
         let totals = totals_at(&self.history, at, ns.rate_window_s);
         self.counts.demand_calls += 1;
-        let targets = self.learned_targets(&totals);
+        let utilization = self.closed_utilization(at);
+        let mut targets = self.learned_targets(&totals, utilization);
+        if self.slo_loop.is_some() {
+            // The queue target tightens and eases with the utilization.
+            let scale = utilization / ns.utilization;
+            targets.waiting = targets.waiting.map(|w| w * scale);
+        }
         match policy::nightshift_metric(&totals, &targets) {
             Ok((decision, value)) => {
                 let answer = match self.shape.as_mut() {
@@ -976,7 +1015,7 @@ impl<'a> ServiceRun<'a> {
     /// The trigger's targets for this reading: learned token targets (when the policy learns
     /// them and a replica has been seen saturated) fill the token signals the scenario does not
     /// set by hand.
-    fn learned_targets(&mut self, totals: &Totals) -> Targets {
+    fn learned_targets(&mut self, totals: &Totals, utilization: f64) -> Targets {
         let mut targets = self.targets;
         let Some(capacity) = self.capacity.as_mut() else {
             return targets;
@@ -987,7 +1026,7 @@ impl<'a> ServiceRun<'a> {
         {
             capacity.observe(totals.pods, waiting, prompt, generated);
         }
-        if let Some(learned) = capacity.targets(self.sc.policies.nightshift.utilization) {
+        if let Some(learned) = capacity.targets(utilization) {
             if targets.prompt_tokens.is_none() && learned.prompt > 0.0 {
                 targets.prompt_tokens = Some(learned.prompt);
             }
@@ -996,6 +1035,32 @@ impl<'a> ServiceRun<'a> {
             }
         }
         targets
+    }
+
+    /// The utilization of the learned capacity for a reading at `at`: the scenario's, or (the
+    /// SLO-loop policy) the loop's after it read the queue-time histogram over the rate window
+    /// ending at `at`, the p99 as Prometheus' `histogram_quantile` computes it.
+    fn closed_utilization(&mut self, at: f64) -> f64 {
+        let ns = &self.sc.policies.nightshift;
+        let Some(slo_loop) = self.slo_loop.as_mut() else {
+            return ns.utilization;
+        };
+        let now = sample_at(&self.history, at);
+        let before = sample_at(&self.history, at - ns.rate_window_s);
+        let counts: Vec<f64> = now
+            .queue_buckets
+            .iter()
+            .zip(&before.queue_buckets)
+            .map(|(n, b)| (n - b).max(0.0))
+            .collect();
+        let reading =
+            slo_loop::histogram_quantile(0.99, &VLLM_QUEUE_TIME_BUCKETS, &counts).map(|p99_s| {
+                TailReading {
+                    p99_s,
+                    requests: counts.iter().sum(),
+                }
+            });
+        slo_loop.observe(at, reading)
     }
 
     /// The Deployment converges to the desired count.
@@ -1092,6 +1157,8 @@ impl<'a> ServiceRun<'a> {
             minutes_within_slo_share: within_share(self.rec.minutes, self.rec.minutes_over),
             scale_events: self.counts.scale_events,
             unserved: self.queue.len() as u64,
+            slo_loop_utilization: self.slo_loop.as_ref().map(SloLoop::utilization),
+            slo_loop_cuts: self.slo_loop.as_ref().map_or(0, SloLoop::cuts),
         }
     }
 }
@@ -1128,7 +1195,8 @@ fn fixed_replicas(
         ScalingPolicy::KedaPrometheus
         | ScalingPolicy::Nightshift
         | ScalingPolicy::NightshiftWithoutNotices
-        | ScalingPolicy::NightshiftForecast => None,
+        | ScalingPolicy::NightshiftForecast
+        | ScalingPolicy::NightshiftSloLoop => None,
     }
 }
 
@@ -1236,6 +1304,33 @@ mod tests {
     /// A short scenario over the steady trace.
     fn small_run(kind: ScalingPolicy, record: bool) -> RunOutcome {
         run_of(&mut Scenario::default(), &[&steady_trace()], kind, record)
+    }
+
+    #[test]
+    fn the_slo_loop_eases_on_a_quiet_queue_and_cuts_on_a_congested_one() {
+        let quiet = small_run(ScalingPolicy::NightshiftSloLoop, false).result;
+        let s = &quiet.services[0];
+        // Waits of zero for two hours: one ease, after the first hour of low tail.
+        assert_eq!((s.slo_loop_utilization, s.slo_loop_cuts), (Some(0.62), 0));
+        assert_eq!(quiet.minutes_over_slo, 0);
+        assert_eq!(
+            small_run(ScalingPolicy::Nightshift, false).result.services[0].slo_loop_utilization,
+            None
+        );
+
+        // Ten times the steady trace's rate from the start: more than the warm fleet serves
+        // within a second while it scales up.
+        let mut sc = Scenario::default();
+        sc.envelope.hourly = vec![10.0; 24];
+        let busy = run_of(
+            &mut sc,
+            &[&steady_trace()],
+            ScalingPolicy::NightshiftSloLoop,
+            false,
+        );
+        let s = &busy.result.services[0];
+        assert!(s.slo_loop_cuts >= 1, "{s:?}");
+        assert!(s.slo_loop_utilization.is_some_and(|u| u < 0.6), "{s:?}");
     }
 
     #[test]
@@ -1418,6 +1513,7 @@ mod tests {
                 kv_cache: 0.9,
                 generated_total: 500.0 * f64::from(t),
                 prompt_total: 2000.0 * f64::from(t),
+                ..Sample::default()
             });
         }
         let totals = totals_at(&h, 60.0, 30.0);

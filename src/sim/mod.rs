@@ -114,6 +114,20 @@ pub struct SimArgs {
     /// this trace, about 40 more runs) and compare every policy with it.
     #[arg(long, env = "NIGHTSHIFT_SIM_HINDSIGHT")]
     pub hindsight: bool,
+
+    /// Also run the candidate policies, measured for the product but not yet what it does
+    /// (today: nightshift with its utilization closed on the measured queue wait).
+    #[arg(long, env = "NIGHTSHIFT_SIM_CANDIDATES")]
+    pub candidates: bool,
+}
+
+/// What a simulation runs beyond the policies of [`ScalingPolicy::ALL`] and the honest ceiling.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Extras {
+    /// The night window chosen with hindsight ([`hindsight`]).
+    pub hindsight: bool,
+    /// The policies of [`ScalingPolicy::CANDIDATES`].
+    pub candidates: bool,
 }
 
 /// Runs `nightshift simulate`: prints the table (or JSON) and writes the chart.
@@ -127,6 +141,7 @@ pub fn run(args: SimArgs) -> Result<(), SimError> {
         chart,
         print_config,
         hindsight,
+        candidates,
     } = args;
     let mut scenario = match &config {
         Some(path) => {
@@ -159,7 +174,11 @@ pub fn run(args: SimArgs) -> Result<(), SimError> {
         own.iter().map(|t| t.as_ref().unwrap_or(&trace)).collect()
     };
     let started = std::time::Instant::now();
-    let report = simulate(&scenario, &traces, hindsight)?;
+    let extras = Extras {
+        hindsight,
+        candidates,
+    };
+    let report = simulate(&scenario, &traces, extras)?;
     tracing::info!(
         elapsed_s = started.elapsed().as_secs_f64(),
         days = scenario.run.days,
@@ -210,15 +229,16 @@ fn service_traces(
         .collect()
 }
 
-/// Runs every policy through the scenario, computes its honest ceiling and replays it, and (with
-/// `hindsight`) chooses the night window with hindsight ([`hindsight`]), on several threads;
-/// results do not depend on them. `traces` holds each service's trace, in the order of
-/// [`Scenario::service_scenarios`] (one when the scenario names no services).
+/// Runs every policy through the scenario, computes its honest ceiling and replays it, and runs
+/// the `extras` asked for, on several threads; results do not depend on them. `traces` holds
+/// each service's trace, in the order of [`Scenario::service_scenarios`] (one when the scenario
+/// names no services).
 pub fn simulate(
     scenario: &Scenario,
     traces: &[&Trace],
-    hindsight: bool,
+    extras: Extras,
 ) -> Result<Report, SimError> {
+    let hindsight = extras.hindsight;
     scenario.validate().map_err(SimError::Invalid)?;
     let services = Service::all(scenario, traces).map_err(SimError::Invalid)?;
     // The live code validates the targets: a configuration it would refuse is refused here.
@@ -234,7 +254,17 @@ pub fn simulate(
     };
     demand::compute(&probe, &scenario.policies.nightshift.targets()).map_err(SimError::Targets)?;
 
-    let (ceiling, mut outcomes) = run_in_parallel(scenario, &services)?;
+    let policies: Vec<ScalingPolicy> = ScalingPolicy::ALL
+        .into_iter()
+        .chain(
+            extras
+                .candidates
+                .then_some(ScalingPolicy::CANDIDATES)
+                .into_iter()
+                .flatten(),
+        )
+        .collect();
+    let (ceiling, mut outcomes) = run_in_parallel(scenario, &services, &policies)?;
     let static_peak = match outcomes
         .iter()
         .position(|o| o.result.policy == ScalingPolicy::StaticPeak)
@@ -389,7 +419,7 @@ fn in_parallel<T: Sync, R: Send>(
 /// One piece of a simulation's first round of work.
 #[derive(Clone, Copy)]
 enum Task {
-    /// A policy's run, the `i`-th of [`ScalingPolicy::ALL`].
+    /// A policy's run, the `i`-th of those asked for.
     Policy(usize),
     /// A chunk of a service's ceiling: the service's index and the chunk's.
     Ceiling(usize, usize),
@@ -409,8 +439,9 @@ enum Done {
 fn run_in_parallel(
     scenario: &Scenario,
     services: &[Service],
+    policies: &[ScalingPolicy],
 ) -> Result<(ceiling::Ceiling, Vec<RunOutcome>), SimError> {
-    let tasks: Vec<Task> = (0..ScalingPolicy::ALL.len())
+    let tasks: Vec<Task> = (0..policies.len())
         .map(Task::Policy)
         .chain(services.iter().enumerate().flat_map(|(s, service)| {
             (0..ceiling::Plan::chunks_of(&service.sc)).map(move |c| Task::Ceiling(s, c))
@@ -429,7 +460,7 @@ fn run_in_parallel(
     let started = std::time::Instant::now();
     let finished = in_parallel(&tasks, |task| match *task {
         Task::Policy(i) => {
-            let kind = ScalingPolicy::ALL[i];
+            let kind = policies[i];
             Done::Policy(Box::new(run_policy(kind, scenario, services, false)))
         }
         Task::Ceiling(s, c) => Done::Ceiling(s, plan_of(s).judge(c)),
@@ -507,7 +538,8 @@ mod tests {
         assert_eq!(ceiling::Plan::chunks_of(&sc), 3);
         let services = Service::all(&sc, &[&trace]).expect("one service");
 
-        let (ceiling, outcomes) = run_in_parallel(&sc, &services).expect("runs");
+        let (ceiling, outcomes) =
+            run_in_parallel(&sc, &services, &ScalingPolicy::ALL).expect("runs");
 
         let alone = &services[0];
         assert_eq!(

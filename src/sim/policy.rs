@@ -31,6 +31,10 @@ pub enum ScalingPolicy {
     NightshiftWithoutNotices,
     /// nightshift with the daily forecast (the trigger's `forecast: daily`), notices on.
     NightshiftForecast,
+    /// nightshift with its utilization closed on the service's measured queue wait
+    /// ([`crate::core::slo_loop`]), notices on: a candidate, not yet what the live scaler does
+    /// (one of [`Self::CANDIDATES`]).
+    NightshiftSloLoop,
     /// The honest ceiling's schedule replayed ([`super::ceiling`]); not one of [`Self::ALL`].
     CeilingReplay,
     /// The night window chosen with hindsight on the trace ([`super::hindsight`]); not one of
@@ -48,6 +52,9 @@ impl ScalingPolicy {
         ScalingPolicy::NightshiftForecast,
     ];
 
+    /// Candidates for the product, not yet what it does: run on request (`--candidates`).
+    pub const CANDIDATES: [ScalingPolicy; 1] = [ScalingPolicy::NightshiftSloLoop];
+
     /// Whether the policy scales on nightshift's demand (and lends with its headroom).
     pub fn is_nightshift(self) -> bool {
         matches!(
@@ -55,7 +62,13 @@ impl ScalingPolicy {
             ScalingPolicy::Nightshift
                 | ScalingPolicy::NightshiftWithoutNotices
                 | ScalingPolicy::NightshiftForecast
+                | ScalingPolicy::NightshiftSloLoop
         )
+    }
+
+    /// Whether the policy closes its utilization on the measured queue wait.
+    pub fn closes_the_slo_loop(self) -> bool {
+        self == ScalingPolicy::NightshiftSloLoop
     }
 
     /// Whether the policy adds the daily forecast to nightshift's demand.
@@ -67,7 +80,9 @@ impl ScalingPolicy {
     pub fn notices(self) -> bool {
         matches!(
             self,
-            ScalingPolicy::Nightshift | ScalingPolicy::NightshiftForecast
+            ScalingPolicy::Nightshift
+                | ScalingPolicy::NightshiftForecast
+                | ScalingPolicy::NightshiftSloLoop
         )
     }
 
@@ -79,6 +94,7 @@ impl ScalingPolicy {
             ScalingPolicy::Nightshift => "nightshift",
             ScalingPolicy::NightshiftWithoutNotices => "nightshift without notices",
             ScalingPolicy::NightshiftForecast => "nightshift + forecast",
+            ScalingPolicy::NightshiftSloLoop => "nightshift + SLO loop",
             ScalingPolicy::CeilingReplay => "honest ceiling (replayed)",
             ScalingPolicy::NightWindowHindsight => "night window (hindsight)",
         }
@@ -387,6 +403,7 @@ mod tests {
         let with = |p: fn(ScalingPolicy) -> bool| -> Vec<&str> {
             ScalingPolicy::ALL
                 .into_iter()
+                .chain(ScalingPolicy::CANDIDATES)
                 .filter(|&k| p(k))
                 .map(ScalingPolicy::label)
                 .collect()
@@ -396,14 +413,23 @@ mod tests {
             [
                 "nightshift",
                 "nightshift without notices",
-                "nightshift + forecast"
+                "nightshift + forecast",
+                "nightshift + SLO loop"
             ]
         );
         assert_eq!(
             with(ScalingPolicy::notices),
-            ["nightshift", "nightshift + forecast"]
+            [
+                "nightshift",
+                "nightshift + forecast",
+                "nightshift + SLO loop"
+            ]
         );
         assert_eq!(with(ScalingPolicy::forecasts), ["nightshift + forecast"]);
+        assert_eq!(
+            with(ScalingPolicy::closes_the_slo_loop),
+            ["nightshift + SLO loop"]
+        );
     }
 
     #[test]
