@@ -41,8 +41,9 @@ use super::{
 /// (its last allowed request a hair under the target) flips with any difference in the fleet's
 /// history, and the replay's fleet differs a little (it holds replicas ahead, drains others):
 /// at the full target the replay of a 3-hour run missed 2 minutes in 180 where the target
-/// allows 1. 90 % of the target leaves such a request a tenth of the target to spare.
-pub const SEARCH_MARGIN: f64 = 0.9;
+/// allows 1, and at 90 % so did another (the property test's saved case, seed 694). 80 % of
+/// the target leaves such a request a fifth of the target to spare.
+pub const SEARCH_MARGIN: f64 = 0.8;
 
 /// Seconds of the preceding traffic a chunk's first minute is judged after, at the size being
 /// tried (later minutes start from the fleet the previous one left): a
