@@ -505,8 +505,15 @@ mod property {
 
     proptest! {
         // Each case simulates every policy and the ceiling's replay for three hours: a few cases
-        // cover seeds and envelopes without making the unit tests slow.
-        #![proptest_config(ProptestConfig::with_cases(4))]
+        // cover seeds and envelopes without making the unit tests slow. The cases are drawn
+        // from a fixed seed so that every run judges the same ones (after the saved failing
+        // cases in proptest-regressions/); to explore others, change the seed and raise the
+        // cases.
+        #![proptest_config(ProptestConfig {
+            cases: 4,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(59),
+            ..ProptestConfig::default()
+        })]
         #[test]
         fn the_ceiling_bounds_every_policy_within_the_slo_and_its_replay_keeps_it(
             seed in 0u64..1_000,
