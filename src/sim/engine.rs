@@ -227,6 +227,9 @@ pub struct RunSummary {
     pub ceiling_share: f64,
     pub lost_gpu_hours: f64,
     pub preemptions: u64,
+    /// Preemptions per day of one GPU lent (`None` when nothing was lent): how often research
+    /// is interrupted for the hours it gets.
+    pub preemptions_per_lent_gpu_day: Option<f64>,
     pub completed_jobs: u64,
     pub inference_gpu_hours: f64,
     pub queue_wait_p50_s: f64,
@@ -300,6 +303,7 @@ impl RunSummary {
             ceiling_share: 0.0,
             lost_gpu_hours: 0.0,
             preemptions: 0,
+            preemptions_per_lent_gpu_day: None,
             completed_jobs: 0,
             inference_gpu_hours: 0.0,
             queue_wait_p50_s: 0.0,
@@ -666,6 +670,8 @@ fn research_figures(result: &mut RunSummary, stats: ResearchStats) {
     result.lost_gpu_hours = stats.lost_gpu_s / 3600.0;
     result.useful_gpu_hours = result.lent_gpu_hours - result.lost_gpu_hours;
     result.preemptions = stats.preemptions;
+    result.preemptions_per_lent_gpu_day = (result.lent_gpu_hours > 0.0)
+        .then(|| stats.preemptions as f64 / (result.lent_gpu_hours / 24.0));
     result.completed_jobs = stats.completed_jobs;
     result.notices = stats.notices;
     result.notices_withdrawn = stats.notices_withdrawn;
@@ -1402,6 +1408,8 @@ mod tests {
         // service.
         let shared = run_of(&mut sc, &[&trace, &trace], ScalingPolicy::Nightshift, false).result;
         assert!(shared.lent_gpu_hours > 0.0);
+        let per_day = shared.preemptions as f64 * 24.0 / shared.lent_gpu_hours;
+        assert_eq!(shared.preemptions_per_lent_gpu_day, Some(per_day));
         let worst = shared.services.iter().map(|s| s.minutes_over_slo).max();
         assert_eq!(Some(shared.minutes_over_slo), worst);
         assert_eq!(shared.demand_calls, 2 * (2 * 3600 / 15 + 2 * 3600 / 5));
@@ -1450,6 +1458,7 @@ mod tests {
     fn static_peak_lends_nothing_and_serves_everything() {
         let out = small_run(ScalingPolicy::StaticPeak, false);
         assert_eq!(out.result.lent_gpu_hours, 0.0);
+        assert_eq!(out.result.preemptions_per_lent_gpu_day, None);
         assert_eq!(out.result.minutes_over_slo, 0);
         assert_eq!(out.result.unserved, 0);
         assert!(out.result.requests > 20_000, "{}", out.result.requests);

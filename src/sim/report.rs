@@ -163,9 +163,13 @@ fn bar_lines(r: &Report) -> String {
             ),
             _ => String::new(),
         };
+        let churn = match p.preemptions_per_lent_gpu_day {
+            Some(rate) => format!("; {rate:.2} preemptions per lent GPU-day"),
+            None => String::new(),
+        };
         let _ = writeln!(
             out,
-            "  {:<30} {verdict}  {:>6.0} useful GPU-h{against}",
+            "  {:<30} {verdict}  {:>6.0} useful GPU-h{against}{churn}",
             p.label, p.useful_gpu_hours
         );
     }
