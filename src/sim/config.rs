@@ -651,8 +651,8 @@ impl Scenario {
     /// Checks values no model can run with.
     pub fn validate(&self) -> Result<(), String> {
         self.validate_services()?;
-        for (_, sc) in self.service_scenarios() {
-            if !self.services.is_empty() {
+        if !self.services.is_empty() {
+            for (_, sc) in self.service_scenarios() {
                 sc.validate_one()?;
             }
         }
